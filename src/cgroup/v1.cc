@@ -1,0 +1,183 @@
+// The v1 driver: one directory per hierarchy (memory, cpu, cpuacct, pids, and freezer when
+// mounted), which may be fewer directories than controllers where hierarchies are co-mounted.
+#include <algorithm>
+#include <stdexcept>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "cgroup/cgroup.h"
+#include "cgroup/internal.h"
+
+namespace berth::cgroup {
+namespace internal {
+namespace {
+
+// The sandbox's directory in each hierarchy it uses. cpuacct and freezer are optional: cpu
+// usage then reads 0 and kill() falls back to the plain procs loop.
+struct Dirs {
+    std::string memory, cpu, cpuacct, pids, freezer;
+
+    Dirs(const Mounts& mounts, const std::string& rel) {
+        auto dir = [&](const char* controller) {
+            auto it = mounts.v1.find(controller);
+            return it == mounts.v1.end() ? std::string() : it->second + "/" + rel;
+        };
+        memory = dir("memory");
+        cpu = dir("cpu");
+        cpuacct = dir("cpuacct");
+        pids = dir("pids");
+        freezer = dir("freezer");
+    }
+
+    // Each directory once, in a fixed order (co-mounted hierarchies share one).
+    std::vector<std::string> unique() const {
+        std::vector<std::string> out;
+        for (const std::string* d : {&memory, &cpu, &cpuacct, &pids, &freezer}) {
+            if (!d->empty() && std::find(out.begin(), out.end(), *d) == out.end())
+                out.push_back(*d);
+        }
+        return out;
+    }
+};
+
+// Holds a freezer cgroup FROZEN for the scope: frozen tasks can neither fork nor exit, so one
+// pass over cgroup.procs reaches every process and no listed pid is recycled before we signal
+// it. Thawing on exit lets the queued SIGKILLs take effect.
+class Freeze {
+  public:
+    explicit Freeze(const std::string& dir) : state_(dir.empty() ? "" : dir + "/freezer.state") {
+        if (state_.empty() || !exists(state_)) {
+            state_.clear();
+            return;
+        }
+        write_file(state_, "FROZEN");
+        // A task in uninterruptible sleep can hold the cgroup in FREEZING; the caller's kill
+        // loop copes with that, so the wait is short and its outcome is not an error.
+        poll_until(Clock::now() + kSettleTime / 4, [&] { return read_file(state_) == "FROZEN\n"; });
+    }
+    Freeze(const Freeze&) = delete;
+    Freeze& operator=(const Freeze&) = delete;
+    ~Freeze() {
+        if (state_.empty()) return;
+        try {
+            write_file(state_, "THAWED");
+        } catch (const SysError&) {
+            // Only possible if the cgroup vanished meanwhile, and then nothing is left frozen.
+        }
+    }
+
+  private:
+    std::string state_;
+};
+
+class V1Cgroup final : public Cgroup {
+  public:
+    explicit V1Cgroup(Dirs dirs) : d_(std::move(dirs)) {}
+
+    void attach(pid_t pid) override {
+        std::string s = std::to_string(pid);
+        for (const std::string& dir : d_.unique()) write_file(dir + "/cgroup.procs", s);
+    }
+
+    Stats stats() const override {
+        Stats s;
+        if (!d_.cpuacct.empty()) s.cpu_usage_ns = read_u64(d_.cpuacct + "/cpuacct.usage");
+        s.memory_bytes = read_u64(d_.memory + "/memory.usage_in_bytes");
+        s.memory_peak_bytes = read_u64(d_.memory + "/memory.max_usage_in_bytes");
+        s.pids = read_u64(d_.pids + "/pids.current");
+        s.oom_kills =
+            find_key(read_file(d_.memory + "/memory.oom_control"), "oom_kill").value_or(0);
+        return s;
+    }
+
+    // The pids controller charges every task, so its hierarchy is the reference membership.
+    bool populated() const override { return !read_pids(procs()).empty(); }
+
+    void kill() override {
+        // An empty cgroup is the usual case at cleanup, and a freeze/thaw cycle costs ~20 ms.
+        if (read_pids(procs()).empty()) return;
+        {
+            Freeze frozen(d_.freezer);
+            for (pid_t pid : read_pids(procs())) kill_pid(pid);
+        }
+        // Without a freezer, or if freezing stalled, processes may have forked past the pass.
+        kill_procs(procs(), Clock::now() + kSettleTime);
+    }
+
+    void remove() override {
+        auto deadline = Clock::now() + kSettleTime;
+        for (const std::string& dir : d_.unique()) remove_dir(dir, deadline);
+    }
+
+    std::vector<std::string> paths() const override { return d_.unique(); }
+
+    // Sets every limit, unset ones to unlimited, so a reused cgroup carries nothing over.
+    void apply(const Limits& limits) {
+        const std::string mem = limits.memory_bytes ? std::to_string(*limits.memory_bytes) : "-1";
+        // memsw (memory+swap) must never be below limit_in_bytes, so lift it first; setting it
+        // equal to the limit afterwards leaves no room for swap.
+        const std::string memsw = d_.memory + "/memory.memsw.limit_in_bytes";
+        const bool has_memsw = exists(memsw);
+        if (has_memsw) write_file(memsw, "-1");
+        write_file(d_.memory + "/memory.limit_in_bytes", mem);
+        if (has_memsw) write_file(memsw, mem);
+
+        write_file(d_.cpu + "/cpu.cfs_period_us", std::to_string(kCpuPeriodUs));
+        write_file(d_.cpu + "/cpu.cfs_quota_us",
+                   limits.cpus ? std::to_string(cpu_quota_us(*limits.cpus)) : "-1");
+        write_file(d_.pids + "/pids.max", limits.pids ? std::to_string(*limits.pids) : "max");
+    }
+
+  private:
+    std::string procs() const { return d_.pids + "/cgroup.procs"; }
+
+    Dirs d_;
+};
+
+class V1Driver final : public Driver {
+  public:
+    V1Driver(Mounts mounts, std::string parent)
+        : mounts_(std::move(mounts)), parent_(std::move(parent)) {}
+
+    Version version() const override { return Version::v1; }
+
+    std::unique_ptr<Cgroup> create(const std::string& name, const Limits& limits) override {
+        check_relative("name", name, false);
+        check_limits(limits);
+        Dirs dirs(mounts_, parent_ + "/" + name);
+        bool existed = false;
+        for (const std::string& dir : dirs.unique()) existed |= !make_dir(dir);
+        auto cg = std::make_unique<V1Cgroup>(std::move(dirs));
+        if (existed && cg->populated())
+            throw SysError("create", cg->paths().front() + " (still has processes)", EBUSY);
+        cg->apply(limits);
+        return cg;
+    }
+
+    std::unique_ptr<Cgroup> open(const std::string& name) override {
+        check_relative("name", name, false);
+        Dirs dirs(mounts_, parent_ + "/" + name);
+        // Any surviving directory counts, so a half-finished remove() can be completed.
+        for (const std::string& dir : dirs.unique())
+            if (exists(dir)) return std::make_unique<V1Cgroup>(std::move(dirs));
+        return nullptr;
+    }
+
+  private:
+    Mounts mounts_;
+    std::string parent_;
+};
+
+}  // namespace
+}  // namespace internal
+
+std::unique_ptr<Driver> make_v1_driver(const std::string& parent) {
+    internal::check_relative("parent", parent, true);
+    internal::Mounts mounts = internal::read_mounts();
+    if (std::string missing = internal::missing_controllers(mounts.v1_controllers());
+        !missing.empty())
+        throw std::runtime_error("cgroup v1: no hierarchy mounted for " + missing);
+    return std::make_unique<internal::V1Driver>(std::move(mounts), parent);
+}
+
+}  // namespace berth::cgroup

@@ -1,0 +1,234 @@
+#include "ns/rootfs.h"
+
+#include <fcntl.h>
+#include <linux/mount.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <vector>
+
+#include "base/error.h"
+#include "base/files.h"
+
+namespace berth::ns {
+
+namespace {
+
+std::string fd_path(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
+
+// Host device nodes that a sandbox may use. Creating device nodes needs CAP_MKNOD in the
+// initial user namespace, so they are bind mounts of the host's nodes instead.
+constexpr std::array<const char*, 6> kDevices = {"null", "zero", "full", "random", "urandom",
+                                                 "tty"};
+
+// Docker's masked paths: files get /dev/null over them, directories an empty read-only tmpfs.
+constexpr std::array<const char*, 12> kMaskedPaths = {
+    "/proc/asound",        "/proc/acpi",        "/proc/kcore",       "/proc/keys",
+    "/proc/latency_stats", "/proc/timer_list",  "/proc/timer_stats", "/proc/sched_debug",
+    "/proc/scsi",          "/sys/firmware",     "/sys/devices/virtual/powercap",
+    "/proc/interrupts"};
+
+constexpr std::array<const char*, 5> kReadOnlyPaths = {"/proc/bus", "/proc/fs", "/proc/irq",
+                                                       "/proc/sys", "/proc/sysrq-trigger"};
+
+UniqueFd new_filesystem(const char* type, const std::vector<std::pair<const char*, const char*>>& opts,
+                        unsigned attrs) {
+    UniqueFd fs(check_sys("fsopen", type, [&] { return ::fsopen(type, FSOPEN_CLOEXEC); }));
+    for (const auto& [key, value] : opts) {
+        check_sys("fsconfig", std::string(type) + " " + key, [&] {
+            return value ? ::fsconfig(fs.get(), FSCONFIG_SET_STRING, key, value, 0)
+                         : ::fsconfig(fs.get(), FSCONFIG_SET_FLAG, key, nullptr, 0);
+        });
+    }
+    check_sys("fsconfig create", type,
+              [&] { return ::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0); });
+    return UniqueFd(check_sys("fsmount", type,
+                              [&] { return ::fsmount(fs.get(), FSMOUNT_CLOEXEC, attrs); }));
+}
+
+void attach(int mount_fd, const std::string& target) {
+    check_sys("move_mount", target, [&] {
+        return ::move_mount(mount_fd, "", AT_FDCWD, target.c_str(), MOVE_MOUNT_F_EMPTY_PATH);
+    });
+}
+
+void ensure_dir(const std::string& path, mode_t mode = 0755) {
+    if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) throw_sys("mkdir", path);
+}
+
+void ensure_file(const std::string& path) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno != EEXIST) throw_sys("create", path);
+    if (fd >= 0) ::close(fd);
+}
+
+void ensure_symlink(const char* target, const std::string& path) {
+    if (::symlink(target, path.c_str()) != 0 && errno != EEXIST) throw_sys("symlink", path);
+}
+
+void mount_tmpfs(const std::string& target, const char* options, unsigned long flags) {
+    check_sys("mount tmpfs", target,
+              [&] { return ::mount("tmpfs", target.c_str(), "tmpfs", flags, options); });
+}
+
+void make_read_only(const std::string& path) {
+    if (::mount(path.c_str(), path.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
+        if (errno == ENOENT) return;  // not every kernel has every /proc file
+        throw_sys("bind", path);
+    }
+    mount_attr attr{};
+    attr.attr_set = MOUNT_ATTR_RDONLY;
+    check_sys("mount_setattr ro", path, [&] {
+        return ::mount_setattr(AT_FDCWD, path.c_str(), AT_RECURSIVE, &attr, sizeof attr);
+    });
+}
+
+void mask(const std::string& path) {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0) return;  // absent: nothing to hide
+    if (S_ISDIR(st.st_mode)) {
+        mount_tmpfs(path, "size=0,mode=755", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC);
+    } else {
+        check_sys("mask", path, [&] {
+            return ::mount("/dev/null", path.c_str(), nullptr, MS_BIND, nullptr);
+        });
+    }
+}
+
+}  // namespace
+
+UniqueFd make_userns_fd(const IdMapping& mapping) {
+    // A short-lived child unshares a user namespace; we map it and keep a handle to it.
+    int ready[2], done[2];
+    check_sys("pipe2", "userns template", [&] { return ::pipe2(ready, O_CLOEXEC); });
+    UniqueFd ready_read(ready[0]), ready_write(ready[1]);
+    check_sys("pipe2", "userns template", [&] { return ::pipe2(done, O_CLOEXEC); });
+    UniqueFd done_read(done[0]), done_write(done[1]);
+    pid_t child = check_sys("fork", "userns template", [] { return ::fork(); });
+    if (child == 0) {
+        ready_read.reset();
+        done_write.reset();  // or our own copy would keep the read below from seeing EOF
+        char byte = ::unshare(CLONE_NEWUSER) == 0 ? 'k' : 'e';
+        if (::write(ready_write.get(), &byte, 1) != 1) ::_exit(1);
+        ssize_t ignored = ::read(done_read.get(), &byte, 1);  // until the parent is done
+        (void)ignored;
+        ::_exit(0);
+    }
+    ready_write.reset();
+    done_read.reset();
+    char byte = 0;
+    ssize_t n = ::read(ready_read.get(), &byte, 1);
+    UniqueFd result;
+    std::string error = "the child could not unshare CLONE_NEWUSER";
+    if (n == 1 && byte == 'k') {
+        try {
+            write_id_maps(child, mapping);
+            const std::string ns = "/proc/" + std::to_string(child) + "/ns/user";
+            result.reset(
+                check_sys("open", ns, [&] { return ::open(ns.c_str(), O_RDONLY | O_CLOEXEC); }));
+        } catch (const SysError& e) {
+            error = e.what();
+        }
+    }
+    done_write.reset();
+    ::waitpid(child, nullptr, 0);
+    if (!result) throw std::runtime_error("cannot create the template user namespace: " + error);
+    return result;
+}
+
+UniqueFd make_idmapped_tree(const std::string& dir, int userns_fd) {
+    UniqueFd tree(check_sys("open_tree", dir, [&] {
+        return ::open_tree(AT_FDCWD, dir.c_str(),
+                           OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    }));
+    mount_attr attr{};
+    attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY;
+    attr.userns_fd = static_cast<uint64_t>(userns_fd);
+    check_sys("mount_setattr idmap", dir, [&] {
+        return ::mount_setattr(tree.get(), "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr);
+    });
+    return tree;
+}
+
+UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string& work) {
+    // The lower layer is a detached mount: name it through our fd table.
+    const std::string lower = fd_path(lower_fd);
+    return new_filesystem("overlay",
+                          {{"lowerdir", lower.c_str()},
+                           {"upperdir", upper.c_str()},
+                           {"workdir", work.c_str()},
+                           {"index", "off"},
+                           {"metacopy", "off"}},
+                          0);
+}
+
+void enter_rootfs(int overlay_fd, const std::string& mountpoint) {
+    // Nothing we mount may propagate back to the host.
+    check_sys("mount", "/ (rslave)",
+              [] { return ::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr); });
+
+    // Filesystems that must be created while a full /proc is still visible (the kernel
+    // refuses a new proc or sysfs in a user namespace that could not see one), and the
+    // host device nodes to bind: all as detached mounts, attached after the pivot, so every
+    // target path resolves inside the new root whatever symlinks the image holds.
+    UniqueFd proc = new_filesystem("proc", {}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+    UniqueFd sys = new_filesystem(
+        "sysfs", {},
+        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+    std::vector<UniqueFd> devices;
+    for (const char* name : kDevices) {
+        const std::string host = std::string("/dev/") + name;
+        devices.emplace_back(check_sys("open_tree", host, [&] {
+            return ::open_tree(AT_FDCWD, host.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        }));
+    }
+
+    attach(overlay_fd, mountpoint);
+    check_sys("fchdir", "overlay root", [&] { return ::fchdir(overlay_fd); });
+    check_sys("pivot_root", "overlay root", [] { return ::syscall(SYS_pivot_root, ".", "."); });
+    check_sys("umount2", "old root", [] { return ::umount2(".", MNT_DETACH); });
+    check_sys("chdir", "/", [] { return ::chdir("/"); });
+
+    ensure_dir("/proc", 0555);
+    attach(proc.get(), "/proc");
+
+    ensure_dir("/dev");
+    mount_tmpfs("/dev", "mode=755,size=65536k", MS_NOSUID | MS_NOEXEC);
+    for (size_t i = 0; i < kDevices.size(); ++i) {
+        const std::string path = std::string("/dev/") + kDevices[i];
+        ensure_file(path);
+        attach(devices[i].get(), path);
+    }
+    ensure_dir("/dev/pts");
+    check_sys("mount devpts", "/dev/pts", [] {
+        return ::mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC,
+                       "newinstance,ptmxmode=0666,mode=0620");
+    });
+    ensure_symlink("pts/ptmx", "/dev/ptmx");
+    ensure_dir("/dev/shm", 01777);
+    mount_tmpfs("/dev/shm", "mode=1777,size=65536k", MS_NOSUID | MS_NODEV | MS_NOEXEC);
+    ensure_dir("/dev/mqueue");
+    check_sys("mount mqueue", "/dev/mqueue", [] {
+        return ::mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                       nullptr);
+    });
+    ensure_symlink("/proc/self/fd", "/dev/fd");
+    ensure_symlink("/proc/self/fd/0", "/dev/stdin");
+    ensure_symlink("/proc/self/fd/1", "/dev/stdout");
+    ensure_symlink("/proc/self/fd/2", "/dev/stderr");
+    ensure_symlink("/proc/kcore", "/dev/core");
+
+    ensure_dir("/sys");
+    attach(sys.get(), "/sys");
+
+    for (const char* path : kMaskedPaths) mask(path);
+    for (const char* path : kReadOnlyPaths) make_read_only(path);
+}
+
+}  // namespace berth::ns

@@ -1,0 +1,35 @@
+// The sandbox's filesystem view: an overlay over a read-only, id-mapped lower layer,
+// pivoted into, with a fresh /proc, a minimal /dev, a read-only /sys and Docker's masked
+// and read-only /proc paths.
+#pragma once
+
+#include <string>
+
+#include "base/unique_fd.h"
+#include "ns/idmap.h"
+
+namespace berth::ns {
+
+// --- Host side (privileged: the helper, root in the initial user namespace) ---
+
+// A user namespace that holds `mapping` and nothing else, kept by fd. Id-mapped mounts
+// take their mapping from a user namespace; all sandboxes of one service user share the
+// mapping, so one template namespace serves every mount.
+UniqueFd make_userns_fd(const IdMapping& mapping);
+
+// A detached copy of the tree at `dir` whose file owners appear shifted by the mapping
+// of `userns_fd`: host root's files look owned by root inside the sandbox, without
+// chowning the rootfs.
+UniqueFd make_idmapped_tree(const std::string& dir, int userns_fd);
+
+// A detached overlay mount: lower = the (detached) tree `lower_fd`, upper/work = dirs.
+UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string& work);
+
+// --- Sandbox side (root of the sandbox's user namespace, in its new mount namespace) ---
+
+// Attaches `overlay_fd` at `mountpoint` (a directory this mount namespace can reach as the
+// sandbox's root), builds /proc, /dev and /sys in it, pivots into it and detaches the old
+// root. Throws SysError naming the step and path.
+void enter_rootfs(int overlay_fd, const std::string& mountpoint);
+
+}  // namespace berth::ns

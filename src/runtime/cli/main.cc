@@ -1,0 +1,293 @@
+// berth: the command-line client, docker-like.
+#include <signal.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <google/protobuf/util/json_util.h>
+#include <cstdio>
+#include <iostream>
+
+#include "base/files.h"
+#include "cgroup/cgroup.h"
+#include "ns/idmap.h"
+#include "runtime/client/client.h"
+
+using namespace berth;
+using client::Client;
+using client::ClientError;
+
+namespace {
+
+constexpr int kExitError = 125;    // berth itself failed (as docker)
+constexpr int kExitTimeout = 124;  // as timeout(1)
+
+uint64_t parse_size(const std::string& text) {
+    size_t pos = 0;
+    double value = std::stod(text, &pos);
+    std::string unit = text.substr(pos);
+    double mult = 1;
+    if (unit == "k" || unit == "K" || unit == "KiB" || unit == "kb") mult = 1024.0;
+    else if (unit == "m" || unit == "M" || unit == "MiB" || unit == "mb") mult = 1024.0 * 1024;
+    else if (unit == "g" || unit == "G" || unit == "GiB" || unit == "gb") mult = 1024.0 * 1024 * 1024;
+    else if (!unit.empty() && unit != "b" && unit != "B") throw std::invalid_argument("bad size unit '" + unit + "'");
+    if (value < 0) throw std::invalid_argument("negative size");
+    return static_cast<uint64_t>(value * mult);
+}
+
+std::string to_json(const google::protobuf::Message& msg) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    options.always_print_primitive_fields = true;
+    options.preserve_proto_field_names = true;
+    google::protobuf::util::MessageToJsonString(msg, &out, options);
+    return out;
+}
+
+struct CreateOptions {
+    std::string rootfs, name, hostname, memory;
+    double cpus = 0;
+    uint64_t pids = 0;
+    void add_to(CLI::App* cmd) {
+        cmd->add_option("--rootfs", rootfs, "root filesystem directory (the overlay's lower layer)")->required();
+        cmd->add_option("--name", name, "a unique name");
+        cmd->add_option("--hostname", hostname, "hostname inside (default: the id's first 12 chars)");
+        cmd->add_option("-m,--memory", memory, "memory limit, e.g. 512m, 2g (swap off)");
+        cmd->add_option("--cpus", cpus, "cpu limit, fractional allowed");
+        cmd->add_option("--pids", pids, "process limit (default 4096)");
+    }
+    v1::CreateSandbox request(bool persistent) const {
+        v1::CreateSandbox c;
+        char resolved[PATH_MAX];
+        c.set_rootfs(::realpath(rootfs.c_str(), resolved) ? resolved : rootfs);
+        c.set_name(name);
+        c.set_hostname(hostname);
+        c.set_persistent(persistent);
+        if (!memory.empty()) c.mutable_resources()->set_memory_bytes(parse_size(memory));
+        c.mutable_resources()->set_cpus(cpus);
+        c.mutable_resources()->set_pids(pids);
+        return c;
+    }
+};
+
+struct ExecOptions {
+    std::string user, workdir;
+    std::vector<std::string> env;
+    double timeout = 0;
+    bool interactive = false;
+    std::vector<std::string> command;
+    void add_to(CLI::App* cmd) {
+        cmd->add_option("-u,--user", user, "user[:group], by name or id (default root)");
+        cmd->add_option("-w,--workdir", workdir, "working directory inside");
+        cmd->add_option("-e,--env", env, "K=V environment variable (repeatable)");
+        cmd->add_option("--timeout", timeout, "seconds; then the whole process tree is killed (exit 124)");
+        cmd->add_flag("-i,--interactive", interactive, "pass stdin to the command");
+    }
+    v1::Exec request(const std::string& sandbox) const {
+        v1::Exec e;
+        e.set_sandbox(sandbox);
+        for (const auto& a : command) e.add_argv(a);
+        for (const auto& kv : env) e.add_env(kv);
+        e.set_cwd(workdir);
+        e.set_user(user);
+        e.set_timeout_ms(static_cast<uint64_t>(timeout * 1000));
+        return e;
+    }
+};
+
+int run_exec(Client& c, const v1::Exec& request, bool interactive) {
+    Client::ExecCallbacks cb;
+    cb.output = [](v1::ExecOutput::Stream stream, std::string_view data) {
+        FILE* f = stream == v1::ExecOutput::STDERR ? stderr : stdout;
+        std::fwrite(data.data(), 1, data.size(), f);
+        std::fflush(f);
+    };
+    v1::ExecExit exit = c.exec(request, cb, interactive ? STDIN_FILENO : -1);
+    if (exit.timed_out()) {
+        std::cerr << "berth: timed out; the command's process tree was killed" << std::endl;
+        return kExitTimeout;
+    }
+    if (exit.oom_killed()) std::cerr << "berth: killed by the OOM killer (memory limit)" << std::endl;
+    if (exit.signal()) return 128 + exit.signal();
+    return exit.exit_code();
+}
+
+v1::ClientMessage message_delete(const std::string& sandbox) {
+    v1::ClientMessage m;
+    m.mutable_delete_()->set_sandbox(sandbox);
+    return m;
+}
+
+int doctor(const std::string& socket) {
+    utsname u{};
+    ::uname(&u);
+    std::cout << "kernel:          " << u.release << "\n";
+    try {
+        auto host = cgroup::probe_host();
+        std::cout << "cgroup driver:   " << (host.version == cgroup::Version::v2 ? "v2" : "v1") << "\n";
+        std::cout << "  why:           " << host.reason << "\n";
+        std::cout << "  cgroup2 mount: " << (host.unified_mount.empty() ? "(none)" : host.unified_mount) << "\n";
+        std::cout << "  v2 controllers:";
+        for (auto& c : host.v2_controllers) std::cout << ' ' << c;
+        std::cout << "\n  v1 controllers:";
+        for (auto& c : host.v1_controllers) std::cout << ' ' << c;
+        std::cout << "\n  cgroup.kill:   " << (host.cgroup_kill ? "yes" : "no") << "\n";
+    } catch (const std::exception& e) {
+        std::cout << "cgroup driver:   unusable: " << e.what() << "\n";
+    }
+    try {
+        std::cout << "user namespaces: max " << read_file("/proc/sys/user/max_user_namespaces");
+    } catch (const std::exception& e) {
+        std::cout << "user namespaces: unknown (" << e.what() << ")\n";
+    }
+    try {
+        auto m = ns::mapping_for_user("berth", static_cast<uid_t>(-1));
+        std::cout << "id mapping:      root inside = uid " << m.uids.host_start << " outside ("
+                  << m.uids.count << " ids from /etc/subuid)\n";
+    } catch (const std::exception& e) {
+        std::cout << "id mapping:      " << e.what() << "\n";
+    }
+    int major = 0, minor = 0;
+    std::sscanf(u.release, "%d.%d", &major, &minor);
+    auto at_least = [&](int a, int b) { return major > a || (major == a && minor >= b); };
+    std::cout << "idmapped mounts: " << (at_least(5, 12) ? "yes" : "no (kernel < 5.12)") << "\n";
+    std::cout << "clone3 into cgroup: " << (at_least(5, 7) ? "yes" : "no") << "\n";
+    std::cout << "openat2:         " << (at_least(5, 6) ? "yes" : "no") << "\n";
+    try {
+        Client c(socket);
+        std::cout << "daemon:          berthd " << c.hello().server_version() << " at " << socket
+                  << " (cgroup " << c.hello().cgroup_driver() << ")\n";
+    } catch (const ClientError& e) {
+        std::cout << "daemon:          " << e.what() << "\n";
+        return 1;
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"berth: fast, isolated sandboxes for agent evaluation trials"};
+    app.require_subcommand(1);
+    std::string socket = client::default_socket_path();
+    app.add_option("-H,--socket", socket, "berthd's socket (env BERTH_SOCKET)");
+
+    CreateOptions create_opts;
+    auto* create = app.add_subcommand("create", "create a sandbox; prints its id");
+    create_opts.add_to(create);
+
+    ExecOptions exec_opts;
+    std::string exec_target;
+    auto* exec = app.add_subcommand("exec", "run a command in a sandbox");
+    exec_opts.add_to(exec);
+    exec->add_option("sandbox", exec_target, "id, id prefix or name")->required();
+    exec->add_option("command", exec_opts.command, "command and arguments (after --)")->required();
+
+    CreateOptions run_create;
+    ExecOptions run_exec_opts;
+    bool run_rm = false;
+    auto* run = app.add_subcommand("run", "create a sandbox and run a command in it");
+    run_create.add_to(run);
+    run_exec_opts.add_to(run);
+    run->add_flag("--rm", run_rm, "delete the sandbox when the command ends");
+    run->add_option("command", run_exec_opts.command, "command and arguments (after --)")->required();
+
+    bool ps_json = false, ps_quiet = false;
+    auto* ps = app.add_subcommand("ps", "list sandboxes");
+    ps->add_flag("--json", ps_json, "JSON output");
+    ps->add_flag("-q,--quiet", ps_quiet, "ids only");
+
+    std::string inspect_target;
+    auto* inspect = app.add_subcommand("inspect", "show a sandbox and its resource usage (JSON)");
+    inspect->add_option("sandbox", inspect_target)->required();
+
+    std::vector<std::string> rm_targets;
+    bool rm_force = false;
+    auto* rm = app.add_subcommand("rm", "delete sandboxes (their processes are killed)");
+    rm->add_option("sandbox", rm_targets)->required();
+    rm->add_flag("-f,--force", rm_force, "no error for sandboxes that do not exist");
+
+    auto* doctor_cmd = app.add_subcommand("doctor", "show what this host supports and what berth uses");
+    auto* version = app.add_subcommand("version", "print versions");
+
+    CLI11_PARSE(app, argc, argv);
+    ::signal(SIGPIPE, SIG_IGN);
+
+    try {
+        if (doctor_cmd->parsed()) return doctor(socket);
+        if (version->parsed()) {
+            std::cout << "berth client " << BERTH_VERSION << "\n";
+            try {
+                Client c(socket);
+                std::cout << "berthd " << c.hello().server_version() << " (protocol "
+                          << c.hello().protocol_version() << ")\n";
+            } catch (const ClientError& e) {
+                std::cout << "berthd: " << e.what() << "\n";
+            }
+            return 0;
+        }
+        Client c(socket);
+        if (create->parsed()) {
+            v1::ClientMessage m;
+            *m.mutable_create() = create_opts.request(true);
+            std::cout << c.call(m).create().sandbox().id() << std::endl;
+            return 0;
+        }
+        if (exec->parsed()) return run_exec(c, exec_opts.request(exec_target), exec_opts.interactive);
+        if (run->parsed()) {
+            v1::ClientMessage m;
+            // With --rm the sandbox lives on this connection's lease: if we die, it goes too.
+            *m.mutable_create() = run_create.request(!run_rm);
+            std::string id = c.call(m).create().sandbox().id();
+            int code = run_exec(c, run_exec_opts.request(id), run_exec_opts.interactive);
+            if (run_rm) c.call(message_delete(id));
+            else std::cerr << id << std::endl;
+            return code;
+        }
+        if (ps->parsed()) {
+            v1::ClientMessage m;
+            m.mutable_list();
+            auto list = c.call(m).list();
+            if (ps_json) {
+                std::cout << to_json(list) << std::endl;
+            } else if (ps_quiet) {
+                for (const auto& s : list.sandboxes()) std::cout << s.id() << "\n";
+            } else {
+                std::printf("%-14s %-20s %-8s %-8s %s\n", "ID", "NAME", "PID", "STATE", "ROOTFS");
+                for (const auto& s : list.sandboxes()) {
+                    std::printf("%-14s %-20s %-8d %-8s %s\n", s.id().substr(0, 12).c_str(),
+                                s.name().c_str(), s.init_pid(), s.state().c_str(), s.rootfs().c_str());
+                }
+            }
+            return 0;
+        }
+        if (inspect->parsed()) {
+            v1::ClientMessage m;
+            m.mutable_inspect()->set_sandbox(inspect_target);
+            std::cout << to_json(c.call(m).inspect()) << std::endl;
+            return 0;
+        }
+        if (rm->parsed()) {
+            int code = 0;
+            for (const auto& target : rm_targets) {
+                try {
+                    c.call(message_delete(target));
+                    std::cout << target << std::endl;
+                } catch (const ClientError& e) {
+                    if (rm_force && e.code == v1::NOT_FOUND) continue;
+                    std::cerr << "berth: " << e.what() << std::endl;
+                    code = 1;
+                }
+            }
+            return code;
+        }
+    } catch (const ClientError& e) {
+        std::cerr << "berth: " << e.what() << std::endl;
+        return kExitError;
+    } catch (const std::exception& e) {
+        std::cerr << "berth: " << e.what() << std::endl;
+        return kExitError;
+    }
+    return 0;
+}

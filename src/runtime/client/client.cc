@@ -1,0 +1,114 @@
+#include "runtime/client/client.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "runtime/wire/frame.h"
+
+namespace berth::client {
+
+std::string default_socket_path() {
+    const char* env = std::getenv("BERTH_SOCKET");
+    return env && *env ? env : "/run/berth/berth.sock";
+}
+
+Client::Client(const std::string& socket_path) {
+    fd_.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd_) throw ClientError(v1::UNAVAILABLE, std::string("socket: ") + std::strerror(errno));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (socket_path.size() >= sizeof addr.sun_path)
+        throw ClientError(v1::INVALID_ARGUMENT, "socket path too long: " + socket_path);
+    std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+    if (::connect(fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+        throw ClientError(v1::UNAVAILABLE, "cannot connect to berthd at " + socket_path + ": " +
+                                               std::strerror(errno) + " (is berthd running?)");
+    }
+    v1::ClientMessage hello;
+    hello.mutable_hello()->set_protocol_version(wire::kProtocolVersion);
+    hello.mutable_hello()->set_client(std::string("berth-client/") + BERTH_VERSION);
+    hello_ = call(std::move(hello)).hello();
+}
+
+void Client::send(const v1::ClientMessage& msg) {
+    try {
+        wire::write_frame(fd_.get(), msg);
+    } catch (const std::exception& e) {
+        throw ClientError(v1::UNAVAILABLE, std::string("connection to berthd lost: ") + e.what());
+    }
+}
+
+v1::ServerMessage Client::receive() {
+    v1::ServerMessage msg;
+    wire::ReadStatus status;
+    try {
+        status = wire::read_frame(fd_.get(), msg, wire::kDefaultMaxFrame * 2);
+    } catch (const std::exception& e) {
+        throw ClientError(v1::UNAVAILABLE, std::string("connection to berthd lost: ") + e.what());
+    }
+    if (status == wire::ReadStatus::eof) throw ClientError(v1::UNAVAILABLE, "berthd closed the connection");
+    if (status != wire::ReadStatus::ok) throw ClientError(v1::INTERNAL, "berthd sent a malformed frame");
+    if (msg.has_error() && msg.id() == 0) throw ClientError(msg.error().code(), msg.error().message());
+    return msg;
+}
+
+v1::ServerMessage Client::call(v1::ClientMessage request) {
+    request.set_id(next_id());
+    send(request);
+    for (;;) {
+        v1::ServerMessage reply = receive();
+        if (reply.id() != request.id()) continue;
+        if (reply.has_error()) throw ClientError(reply.error().code(), reply.error().message());
+        return reply;
+    }
+}
+
+v1::ExecExit Client::exec(v1::Exec request, const ExecCallbacks& callbacks, int stdin_fd) {
+    v1::ClientMessage msg;
+    const uint64_t id = next_id();
+    msg.set_id(id);
+    request.set_stdin(stdin_fd >= 0);
+    *msg.mutable_exec() = std::move(request);
+    send(msg);
+    bool stdin_open = stdin_fd >= 0;
+    for (;;) {
+        if (stdin_open) {
+            pollfd fds[2] = {{fd_.get(), POLLIN, 0}, {stdin_fd, POLLIN, 0}};
+            if (::poll(fds, 2, -1) < 0) {
+                if (errno == EINTR) continue;
+                throw ClientError(v1::INTERNAL, std::string("poll: ") + std::strerror(errno));
+            }
+            if (fds[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+                char buf[65536];
+                ssize_t n = ::read(stdin_fd, buf, sizeof buf);
+                v1::ClientMessage in;
+                in.set_id(id);
+                if (n > 0) {
+                    in.mutable_exec_input()->set_data(buf, static_cast<size_t>(n));
+                } else {
+                    in.mutable_exec_input()->set_close(true);
+                    stdin_open = false;
+                }
+                send(in);
+            }
+            if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        }
+        v1::ServerMessage reply = receive();
+        if (reply.id() != id) continue;
+        if (reply.has_error()) throw ClientError(reply.error().code(), reply.error().message());
+        if (reply.has_exec_output()) {
+            if (callbacks.output)
+                callbacks.output(reply.exec_output().stream(), reply.exec_output().data());
+        } else if (reply.has_exec_started()) {
+            if (callbacks.started) callbacks.started(reply.exec_started().pid());
+        } else if (reply.has_exec_exit()) {
+            return reply.exec_exit();
+        }
+    }
+}
+
+}  // namespace berth::client

@@ -1,0 +1,323 @@
+#include "runtime/daemon/exec_operation.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "base/unique_fd.h"
+#include "runtime/daemon/server.h"
+#include "runtime/wire/frame.h"
+
+namespace berth::daemon {
+
+struct ExecOperation::Stream {
+    Stream(asio::io_context& io, int fd, v1::ExecOutput::Stream kind) : desc(io, fd), kind(kind) {}
+    asio::posix::stream_descriptor desc;
+    v1::ExecOutput::Stream kind;
+    std::array<char, 65536> buf;
+    bool reading = false;
+    bool eof = false;
+};
+
+ExecOperation::ExecOperation(asio::io_context& io, std::shared_ptr<Session> session,
+                             uint64_t request_id, Sandbox& sandbox, int dev_null)
+    : io_(io),
+      session_(session),
+      request_id_(request_id),
+      sandbox_id_(sandbox.info.id()),
+      init_socket_(sandbox.init_socket),
+      cgroup_(sandbox.cgroup.get()),
+      dev_null_(dev_null),
+      timer_(io) {}
+
+ExecOperation::~ExecOperation() = default;
+
+void ExecOperation::start(const v1::Exec& request) {
+    started_at_ = std::chrono::steady_clock::now();
+    if (request.argv_size() == 0 || request.argv(0).empty()) {
+        finish_with_error(v1::INVALID_ARGUMENT, "empty argv: give a command to run");
+        return;
+    }
+    int out[2], err[2], in[2] = {-1, -1};
+    if (::pipe2(out, O_CLOEXEC) != 0) {
+        finish_with_error(v1::RESOURCE_EXHAUSTED, std::string("pipe2: ") + std::strerror(errno));
+        return;
+    }
+    UniqueFd out_r(out[0]), out_w(out[1]);
+    if (::pipe2(err, O_CLOEXEC) != 0) {
+        finish_with_error(v1::RESOURCE_EXHAUSTED, std::string("pipe2: ") + std::strerror(errno));
+        return;
+    }
+    UniqueFd err_r(err[0]), err_w(err[1]);
+    UniqueFd in_r, in_w;
+    if (request.stdin()) {
+        if (::pipe2(in, O_CLOEXEC) != 0) {
+            finish_with_error(v1::RESOURCE_EXHAUSTED, std::string("pipe2: ") + std::strerror(errno));
+            return;
+        }
+        in_r.reset(in[0]);
+        in_w.reset(in[1]);
+    }
+
+    if (cgroup_) {
+        try {
+            oom_kills_before_ = cgroup_->stats().oom_kills;
+        } catch (const std::exception&) {
+        }
+    }
+
+    UniqueFd conn(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!conn) {
+        finish_with_error(v1::RESOURCE_EXHAUSTED, std::string("socket: ") + std::strerror(errno));
+        return;
+    }
+    // The init socket path was checked when the sandbox was registered.
+    const std::string& path = init_socket_;
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), std::min(path.size() + 1, sizeof addr.sun_path - 1));
+    if (::connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+        const int e = errno;
+        if (e == EAGAIN) {
+            finish_with_error(v1::RESOURCE_EXHAUSTED,
+                              "sandbox " + sandbox_id_ + " has too many execs starting at once");
+        } else {
+            finish_with_error(v1::UNAVAILABLE, "sandbox " + sandbox_id_ +
+                                                   " is not running (connect to its init: " +
+                                                   std::strerror(e) + ")");
+        }
+        return;
+    }
+
+    v1::init::ToSandbox spawn;
+    auto* sp = spawn.mutable_spawn();
+    *sp->mutable_argv() = request.argv();
+    *sp->mutable_env() = request.env();
+    sp->set_cwd(request.cwd());
+    sp->set_user(request.user());
+    try {
+        wire::write_frame(conn.get(), spawn,
+                          {request.stdin() ? in_r.get() : dev_null_, out_w.get(), err_w.get()});
+    } catch (const std::exception& e) {
+        finish_with_error(v1::UNAVAILABLE,
+                          "sandbox " + sandbox_id_ + ": sending the exec to its init: " + e.what());
+        return;
+    }
+    // The command has its copies now; ours would hide EOF.
+    in_r.reset();
+    out_w.reset();
+    err_w.reset();
+
+    out_ = std::make_unique<Stream>(io_, out_r.release(), v1::ExecOutput::STDOUT);
+    err_ = std::make_unique<Stream>(io_, err_r.release(), v1::ExecOutput::STDERR);
+    if (in_w) stdin_ = std::make_unique<asio::posix::stream_descriptor>(io_, in_w.release());
+
+    init_ = std::make_shared<FramedSocket>(
+        UnixSocket(io_, asio::local::stream_protocol(), conn.release()), wire::kInitMaxFrame);
+    auto self = shared_from_this();
+    init_->start([this, self](FramedSocket::Event event, std::string&& payload) {
+        on_init_frame(event, std::move(payload));
+    });
+    read_stream(*out_);
+    read_stream(*err_);
+
+    if (request.timeout_ms() > 0) {
+        timer_.expires_after(std::chrono::milliseconds(request.timeout_ms()));
+        timer_.async_wait([this, self](boost::system::error_code ec) {
+            if (ec || finished_ || exited_) return;
+            timed_out_ = true;
+            kill_tree();
+        });
+    }
+}
+
+void ExecOperation::on_init_frame(FramedSocket::Event event, std::string&& payload) {
+    if (finished_) return;
+    if (event != FramedSocket::Event::frame) {
+        if (!exited_) {
+            finish_with_error(v1::UNAVAILABLE,
+                              "sandbox " + sandbox_id_ + " stopped while the command was running");
+        }
+        return;
+    }
+    v1::init::FromSandbox msg;
+    if (!msg.ParseFromString(payload)) {
+        finish_with_error(v1::INTERNAL, "sandbox " + sandbox_id_ + " sent a malformed reply");
+        return;
+    }
+    if (msg.has_failed()) {
+        uint32_t code = msg.failed().code();
+        if (!v1::ErrorCode_IsValid(static_cast<int>(code)) || code == 0) code = v1::INTERNAL;
+        finish_with_error(static_cast<v1::ErrorCode>(code), msg.failed().message());
+    } else if (msg.has_started()) {
+        if (auto session = session_.lock()) {
+            v1::ServerMessage reply;
+            reply.set_id(request_id_);
+            reply.mutable_exec_started()->set_pid(msg.started().pid());
+            session->send(reply);
+        }
+    } else if (msg.has_exited()) {
+        exit_ = msg.exited();
+        exited_ = true;
+        timer_.cancel();
+        boost::system::error_code ignored;
+        if (out_ && out_->reading) out_->desc.cancel(ignored);
+        if (err_ && err_->reading) err_->desc.cancel(ignored);
+        maybe_finish();
+    }
+}
+
+void ExecOperation::read_stream(Stream& s) {
+    if (s.eof || finished_ || exited_) return;
+    s.reading = true;
+    auto self = shared_from_this();
+    s.desc.async_read_some(asio::buffer(s.buf), [this, self, &s](boost::system::error_code ec,
+                                                                  size_t n) {
+        s.reading = false;
+        if (finished_) return;
+        if (n > 0) {
+            if (auto session = session_.lock()) {
+                v1::ServerMessage msg;
+                msg.set_id(request_id_);
+                auto* o = msg.mutable_exec_output();
+                o->set_stream(s.kind);
+                o->set_data(s.buf.data(), n);
+                session->send(msg);
+            }
+        }
+        if (ec && ec != asio::error::operation_aborted) s.eof = true;
+        if (exited_ || s.eof) {
+            maybe_finish();
+            return;
+        }
+        auto session = session_.lock();
+        if (!session) return;
+        // Backpressure: a slow client slows the command, not the daemon's memory.
+        session->socket->when_drained([this, self, &s] {
+            if (!finished_) read_stream(s);
+        });
+    });
+}
+
+void ExecOperation::maybe_finish() {
+    if (finished_ || !exited_) return;
+    if ((out_ && out_->reading) || (err_ && err_->reading)) return;
+    auto session = session_.lock();
+    // What the command wrote before it exited is in the pipes now: take it, but do not
+    // wait for EOF — a background process may hold the pipe open for ever.
+    for (Stream* s : {out_.get(), err_.get()}) {
+        if (!s || s->eof) continue;
+        int fd = s->desc.native_handle();
+        ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+        for (;;) {
+            ssize_t n = ::read(fd, s->buf.data(), s->buf.size());
+            if (n <= 0) break;
+            if (session) {
+                v1::ServerMessage msg;
+                msg.set_id(request_id_);
+                msg.mutable_exec_output()->set_stream(s->kind);
+                msg.mutable_exec_output()->set_data(s->buf.data(), static_cast<size_t>(n));
+                session->send(msg);
+            }
+        }
+    }
+    if (session) {
+        v1::ServerMessage msg;
+        msg.set_id(request_id_);
+        auto* e = msg.mutable_exec_exit();
+        e->set_exit_code(exit_.exit_code());
+        e->set_signal(exit_.signal());
+        e->set_timed_out(timed_out_);
+        e->set_canceled(canceled_ && !timed_out_);
+        if (exit_.signal() == SIGKILL && !exit_.killed_by_request() && cgroup_) {
+            try {
+                e->set_oom_killed(cgroup_->stats().oom_kills > oom_kills_before_);
+            } catch (const std::exception&) {
+            }
+        }
+        e->set_duration_us(static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                                  started_at_)
+                .count()));
+        session->send(msg);
+    }
+    done();
+}
+
+void ExecOperation::kill_tree() {
+    if (!init_ || finished_) return;
+    v1::init::ToSandbox msg;
+    msg.mutable_signal()->set_signal(SIGKILL);
+    init_->send(wire::encode_frame(msg));
+}
+
+void ExecOperation::cancel() {
+    if (finished_ || exited_) return;
+    canceled_ = true;
+    kill_tree();
+}
+
+void ExecOperation::abandon() {
+    if (finished_) return;
+    // Closing the init connection makes the shim kill the whole tree.
+    session_.reset();
+    done();
+}
+
+void ExecOperation::input(const v1::ExecInput& in) {
+    if (!stdin_ || finished_) return;
+    if (!in.data().empty()) stdin_queue_.push_back(in.data());
+    if (in.close()) stdin_close_requested_ = true;
+    if (stdin_writing_) return;
+    auto self = shared_from_this();
+    struct Pump {
+        static void next(const std::shared_ptr<ExecOperation>& op) {
+            if (!op->stdin_ || op->finished_) return;
+            if (op->stdin_queue_.empty()) {
+                op->stdin_writing_ = false;
+                if (op->stdin_close_requested_) {
+                    boost::system::error_code ignored;
+                    op->stdin_->close(ignored);
+                    op->stdin_.reset();
+                }
+                return;
+            }
+            op->stdin_writing_ = true;
+            asio::async_write(*op->stdin_, asio::buffer(op->stdin_queue_.front()),
+                              [op](boost::system::error_code ec, size_t) {
+                                  if (op->stdin_queue_.size()) op->stdin_queue_.pop_front();
+                                  if (ec) {
+                                      // The command closed its stdin: drop what is left.
+                                      op->stdin_queue_.clear();
+                                      op->stdin_close_requested_ = true;
+                                  }
+                                  next(op);
+                              });
+        }
+    };
+    Pump::next(self);
+}
+
+void ExecOperation::finish_with_error(v1::ErrorCode code, const std::string& message) {
+    if (finished_) return;
+    if (auto session = session_.lock()) session->send_error(request_id_, code, message);
+    done();
+}
+
+void ExecOperation::done() {
+    if (finished_) return;
+    finished_ = true;
+    timer_.cancel();
+    boost::system::error_code ignored;
+    if (init_) init_->close();
+    if (out_) out_->desc.close(ignored);
+    if (err_) err_->desc.close(ignored);
+    if (stdin_) stdin_->close(ignored);
+    if (auto session = session_.lock()) session->execs.erase(request_id_);
+}
+
+}  // namespace berth::daemon

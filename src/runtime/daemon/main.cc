@@ -1,0 +1,160 @@
+// berthd: the unprivileged front end. Started as root, it starts berth-helper, then drops
+// to the service user for good before it reads a single client byte.
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio.hpp>
+#include <filesystem>
+#include <iostream>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "cgroup/cgroup.h"
+#include "helper.pb.h"
+#include "runtime/daemon/server.h"
+#include "runtime/wire/frame.h"
+
+using namespace berth;
+
+namespace {
+
+std::string env_or(const char* name, const std::string& fallback) {
+    const char* v = std::getenv(name);
+    return v && *v ? v : fallback;
+}
+
+std::string sibling_binary(const std::string& name) {
+    std::error_code ec;
+    auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    return (self.parent_path() / name).string();
+}
+
+pid_t start_helper(const std::string& path, int channel, const std::vector<std::string>& args) {
+    pid_t pid = check_sys("fork", "berth-helper", [] { return ::fork(); });
+    if (pid == 0) {
+        int flags = ::fcntl(channel, F_GETFD);
+        ::fcntl(channel, F_SETFD, flags & ~FD_CLOEXEC);
+        std::vector<char*> argv;
+        argv.push_back(const_cast<char*>(path.c_str()));
+        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        ::execv(path.c_str(), argv.data());
+        std::cerr << "berthd: exec " << path << ": " << std::strerror(errno) << std::endl;
+        ::_exit(127);
+    }
+    return pid;
+}
+
+void drop_privileges(uid_t uid, gid_t gid) {
+    check_sys("setgroups", "[berth]", [&] { return ::setgroups(1, &gid); });
+    check_sys("setresgid", std::to_string(gid), [&] { return ::setresgid(gid, gid, gid); });
+    check_sys("setresuid", std::to_string(uid), [&] { return ::setresuid(uid, uid, uid); });
+    if (uid != 0 && ::setuid(0) == 0) throw std::runtime_error("could regain root after dropping it");
+    ::prctl(PR_SET_NO_NEW_PRIVS, 1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"berthd: the berth daemon"};
+    std::string runtime_dir = env_or("BERTH_RUNTIME_DIR", "/run/berth");
+    std::string state_dir = env_or("BERTH_STATE_DIR", "/var/lib/berth");
+    std::string socket_path;
+    std::string user = "berth", group = "berth";
+    std::string helper_path = sibling_binary("berth-helper");
+    std::string cgroup_parent = "berth";
+    double lease_seconds = 60;
+    uint32_t max_frame = wire::kDefaultMaxFrame;
+    app.add_option("--runtime-dir", runtime_dir, "sockets and sandbox state (env BERTH_RUNTIME_DIR)");
+    app.add_option("--state-dir", state_dir, "writable layers (env BERTH_STATE_DIR)");
+    app.add_option("--socket", socket_path, "client socket (env BERTH_SOCKET; default RUNTIME_DIR/berth.sock)");
+    app.add_option("--user", user, "the unprivileged user berthd runs as");
+    app.add_option("--group", group, "the group whose members may use berth");
+    app.add_option("--helper", helper_path, "path of berth-helper");
+    app.add_option("--cgroup-parent", cgroup_parent, "cgroup directory that holds sandboxes");
+    app.add_option("--lease", lease_seconds,
+                   "seconds a non-persistent sandbox outlives its client's connection");
+    app.add_option("--max-frame", max_frame, "largest accepted frame in bytes");
+    CLI11_PARSE(app, argc, argv);
+    if (socket_path.empty()) socket_path = env_or("BERTH_SOCKET", runtime_dir + "/berth.sock");
+
+    try {
+        if (::geteuid() != 0) {
+            throw std::runtime_error(
+                "berthd must be started as root: it starts the privileged berth-helper and then "
+                "drops to user '" + user + "' (rootless mode is not available yet)");
+        }
+        struct passwd* pw = ::getpwnam(user.c_str());
+        if (!pw) throw std::runtime_error("user '" + user + "' does not exist (scripts/install-deps creates it)");
+        struct group* gr = ::getgrnam(group.c_str());
+        if (!gr) throw std::runtime_error("group '" + group + "' does not exist");
+        const uid_t uid = pw->pw_uid;
+        const gid_t gid = gr->gr_gid;
+
+        // Owned by the daemon; searchable (not listable) by all, because each sandbox's
+        // root (an unprivileged host uid) attaches its overlay on a directory in here.
+        // The client socket's own mode (0660, group berth) is what guards berthd.
+        make_dirs(runtime_dir, 0711);
+        check_sys("chown", runtime_dir, [&] { return ::chown(runtime_dir.c_str(), uid, gid); });
+        check_sys("chmod", runtime_dir, [&] { return ::chmod(runtime_dir.c_str(), 0711); });
+        make_dirs(state_dir, 0700);
+
+        int pair[2];
+        check_sys("socketpair", "helper channel",
+                  [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair); });
+        UniqueFd ours(pair[0]), theirs(pair[1]);
+        start_helper(helper_path, theirs.get(),
+                     {"--channel-fd", std::to_string(theirs.get()), "--runtime-dir", runtime_dir,
+                      "--state-dir", state_dir, "--service-user", user, "--daemon-uid",
+                      std::to_string(uid), "--daemon-gid", std::to_string(gid), "--cgroup-parent",
+                      cgroup_parent});
+        theirs.reset();
+
+        drop_privileges(uid, gid);
+
+        // The helper's first word: which cgroup driver it chose, or why it cannot start.
+        v1::helper::Reply hello;
+        if (wire::read_frame(ours.get(), hello, wire::kDefaultMaxFrame) != wire::ReadStatus::ok)
+            throw std::runtime_error("berth-helper exited before it was ready");
+        if (!hello.error().empty()) throw std::runtime_error(hello.error());
+        std::string driver_name =
+            hello.created().cgroup_paths_size() ? hello.created().cgroup_paths(0) : "v1";
+
+        boost::asio::io_context io;
+        auto channel = std::make_shared<daemon::FramedSocket>(
+            daemon::UnixSocket(io, boost::asio::local::stream_protocol(), ours.release()),
+            wire::kDefaultMaxFrame);
+        daemon::ServerConfig config;
+        config.socket_path = socket_path;
+        config.runtime_dir = runtime_dir;
+        config.max_frame = max_frame;
+        config.lease = std::chrono::milliseconds(static_cast<int64_t>(lease_seconds * 1000));
+        config.daemon_uid = uid;
+        config.allowed_gid = gid;
+        config.allowed_group_name = group;
+        config.cgroup_driver = driver_name;
+        auto driver = driver_name == "v2" ? cgroup::make_v2_driver(cgroup_parent)
+                                          : cgroup::make_v1_driver(cgroup_parent);
+        daemon::Server server(io, config, channel, std::move(driver));
+        server.start();
+
+        boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+        signals.async_wait([&](boost::system::error_code, int sig) {
+            std::cerr << "berthd: signal " << sig << ", stopping (sandboxes keep running)" << std::endl;
+            server.stop();
+        });
+        ::signal(SIGPIPE, SIG_IGN);
+        io.run();
+        return 0;
+    } catch (const std::exception& e) {
+        std::cerr << "berthd: " << e.what() << std::endl;
+        return 1;
+    }
+}

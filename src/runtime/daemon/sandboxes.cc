@@ -1,0 +1,151 @@
+#include "runtime/daemon/sandboxes.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <google/protobuf/util/json_util.h>
+#include <nlohmann/json.hpp>
+
+#include "base/files.h"
+
+namespace berth::daemon {
+
+namespace {
+
+uint64_t start_time_of(int pid) {
+    try {
+        std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+        size_t pos = stat.rfind(')');
+        int field = 2;
+        for (size_t i = pos + 1; i < stat.size(); ++i) {
+            if (stat[i] == ' ' && ++field == 21) return std::stoull(stat.substr(i + 1));
+        }
+    } catch (const std::exception&) {
+    }
+    return 0;
+}
+
+}  // namespace
+
+SandboxRegistry::SandboxRegistry(std::string runtime_dir, cgroup::Driver* driver)
+    : runtime_dir_(std::move(runtime_dir)), driver_(driver) {
+    make_dirs(runtime_dir_ + "/meta", 0700);
+}
+
+Sandbox* SandboxRegistry::by_id(const std::string& id) {
+    auto it = by_id_.find(id);
+    return it == by_id_.end() ? nullptr : it->second.get();
+}
+
+Sandbox* SandboxRegistry::find(const std::string& key, std::string* error) {
+    if (key.empty()) {
+        *error = "no sandbox given";
+        return nullptr;
+    }
+    if (auto* s = by_id(key)) return s;
+    for (auto& [id, s] : by_id_) {
+        if (s->info.name() == key) return s.get();
+    }
+    Sandbox* match = nullptr;
+    if (key.size() >= 4) {
+        for (auto& [id, s] : by_id_) {
+            if (id.compare(0, key.size(), key) != 0) continue;
+            if (match) {
+                *error = "sandbox id prefix '" + key + "' is ambiguous";
+                return nullptr;
+            }
+            match = s.get();
+        }
+    }
+    if (!match) *error = "no such sandbox: '" + key + "'";
+    return match;
+}
+
+bool SandboxRegistry::name_taken(const std::string& name) const {
+    for (const auto& [id, s] : by_id_) {
+        if (s->info.name() == name) return true;
+    }
+    return false;
+}
+
+Sandbox& SandboxRegistry::add(v1::SandboxInfo info, std::string init_socket,
+                              uint64_t init_start_time) {
+    auto sandbox = std::make_unique<Sandbox>();
+    sandbox->info = std::move(info);
+    sandbox->init_socket = std::move(init_socket);
+    sandbox->init_start_time = init_start_time;
+    try {
+        sandbox->cgroup = driver_->open(sandbox->info.id());
+    } catch (const std::exception&) {
+        // Stats will read as zero; the sandbox itself still works.
+    }
+    Sandbox& ref = *sandbox;
+    by_id_[ref.info.id()] = std::move(sandbox);
+    return ref;
+}
+
+void SandboxRegistry::remove(const std::string& id) {
+    by_id_.erase(id);
+    ::unlink((runtime_dir_ + "/meta/" + id + ".json").c_str());
+}
+
+std::vector<Sandbox*> SandboxRegistry::all() {
+    std::vector<Sandbox*> out;
+    for (auto& [id, s] : by_id_) out.push_back(s.get());
+    return out;
+}
+
+void SandboxRegistry::save_meta(const Sandbox& sandbox) const {
+    std::string json;
+    google::protobuf::util::MessageToJsonString(sandbox.info, &json);
+    write_file_atomic(runtime_dir_ + "/meta/" + sandbox.info.id() + ".json", json, 0600);
+}
+
+std::vector<SandboxRegistry::Found> SandboxRegistry::scan() const {
+    std::vector<Found> out;
+    const std::string dir = runtime_dir_ + "/sandboxes";
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return out;
+    while (dirent* e = ::readdir(d)) {
+        std::string id = e->d_name;
+        if (id.size() != 32) continue;
+        Found found;
+        try {
+            auto state = nlohmann::json::parse(read_file(dir + "/" + id + "/state.json"));
+            found.init_socket = state.at("init_socket").get<std::string>();
+            found.init_start_time = state.at("init_start_time").get<uint64_t>();
+            int pid = state.at("init_pid").get<int>();
+            found.alive = start_time_of(pid) == found.init_start_time;
+            found.info.set_id(id);
+            found.info.set_init_pid(pid);
+            found.info.set_rootfs(state.value("rootfs", ""));
+            found.info.set_hostname(state.value("hostname", ""));
+            found.info.set_host_root_uid(state.value("host_root_uid", 0u));
+            found.info.set_cgroup_driver(state.value("cgroup_driver", ""));
+            for (const auto& p : state.value("cgroup_paths", std::vector<std::string>{}))
+                found.info.add_cgroup_paths(p);
+        } catch (const std::exception&) {
+            // A half-made sandbox (helper died mid-create): report it dead so it is removed.
+            found.info.set_id(id);
+            found.alive = false;
+        }
+        try {
+            v1::SandboxInfo meta;
+            if (google::protobuf::util::JsonStringToMessage(
+                    read_file(runtime_dir_ + "/meta/" + id + ".json"), &meta)
+                    .ok()) {
+                found.info.set_name(meta.name());
+                found.info.set_persistent(meta.persistent());
+                *found.info.mutable_resources() = meta.resources();
+                found.info.set_created_unix_ms(meta.created_unix_ms());
+            }
+        } catch (const std::exception&) {
+            // No daemon metadata: the daemon died between the helper's create and its save.
+        }
+        out.push_back(std::move(found));
+    }
+    ::closedir(d);
+    return out;
+}
+
+}  // namespace berth::daemon

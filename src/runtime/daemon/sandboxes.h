@@ -1,0 +1,63 @@
+// The daemon's view of live sandboxes: lookup by id, id prefix or name; leases; and the
+// metadata that lets a restarted daemon reattach to sandboxes it did not create.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "berth.pb.h"
+#include "cgroup/cgroup.h"
+
+namespace berth::daemon {
+
+using Clock = std::chrono::steady_clock;
+
+struct Sandbox {
+    v1::SandboxInfo info;
+    std::string init_socket;
+    uint64_t init_start_time = 0;
+    std::unique_ptr<cgroup::Cgroup> cgroup;  // opened read-only, for stats and OOM counts
+    uint64_t owner_session = 0;              // the connection that holds its lease; 0 = none
+    std::optional<Clock::time_point> lease_deadline;
+    bool deleting = false;
+};
+
+class SandboxRegistry {
+public:
+    SandboxRegistry(std::string runtime_dir, cgroup::Driver* driver);
+
+    // Finds by full id, unique id prefix (4+ chars) or name. Sets `error` when ambiguous.
+    Sandbox* find(const std::string& key, std::string* error);
+    Sandbox* by_id(const std::string& id);
+    bool name_taken(const std::string& name) const;
+
+    Sandbox& add(v1::SandboxInfo info, std::string init_socket, uint64_t init_start_time);
+    void remove(const std::string& id);
+    std::vector<Sandbox*> all();
+
+    // Writes what the daemon alone knows (name, persistence, resources) beside the
+    // helper's state, so a restarted daemon can rebuild the registry.
+    void save_meta(const Sandbox& sandbox) const;
+
+    struct Found {
+        v1::SandboxInfo info;
+        std::string init_socket;
+        uint64_t init_start_time = 0;
+        bool alive = false;
+    };
+    // Sandboxes left by an earlier daemon, from the runtime dir.
+    std::vector<Found> scan() const;
+
+    cgroup::Driver* driver() const { return driver_; }
+
+private:
+    std::string runtime_dir_;
+    cgroup::Driver* driver_;
+    std::map<std::string, std::unique_ptr<Sandbox>> by_id_;
+};
+
+}  // namespace berth::daemon

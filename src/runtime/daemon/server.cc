@@ -1,0 +1,489 @@
+#include "runtime/daemon/server.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <regex>
+
+#include "base/error.h"
+#include "runtime/daemon/exec_operation.h"
+#include "runtime/wire/frame.h"
+
+namespace berth::daemon {
+
+namespace {
+
+constexpr uint64_t kDefaultPids = 4096;
+
+std::string new_sandbox_id() {
+    unsigned char bytes[16];
+    if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes) throw_sys("getrandom", "sandbox id");
+    static const char* hex = "0123456789abcdef";
+    std::string id;
+    for (unsigned char b : bytes) {
+        id += hex[b >> 4];
+        id += hex[b & 15];
+    }
+    return id;
+}
+
+bool valid_name(const std::string& name) {
+    static const std::regex re("[A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
+    return std::regex_match(name, re);
+}
+
+v1::ErrorCode code_from_helper(uint32_t code) {
+    if (code == 0 || !v1::ErrorCode_IsValid(static_cast<int>(code))) return v1::INTERNAL;
+    return static_cast<v1::ErrorCode>(code);
+}
+
+void log(const std::string& line) { std::cerr << "berthd: " << line << std::endl; }
+
+}  // namespace
+
+void Session::send(const v1::ServerMessage& msg) { socket->send(wire::encode_frame(msg)); }
+
+void Session::send_error(uint64_t request_id, v1::ErrorCode code, const std::string& message) {
+    v1::ServerMessage msg;
+    msg.set_id(request_id);
+    msg.mutable_error()->set_code(code);
+    msg.mutable_error()->set_message(message);
+    send(msg);
+}
+
+Server::Server(asio::io_context& io, ServerConfig config,
+               std::shared_ptr<FramedSocket> helper_channel, std::unique_ptr<cgroup::Driver> driver)
+    : io_(io),
+      config_(std::move(config)),
+      driver_(std::move(driver)),
+      helper_(std::move(helper_channel),
+              [this] {
+                  log("lost the helper; exiting (sandboxes keep running)");
+                  stop();
+              }),
+      registry_(config_.runtime_dir, driver_.get()),
+      acceptor_(io),
+      lease_timer_(io) {
+    dev_null_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (dev_null_ < 0) throw_sys("open", "/dev/null");
+}
+
+void Server::start() {
+    reattach();
+    ::unlink(config_.socket_path.c_str());
+    acceptor_.open(asio::local::stream_protocol());
+    acceptor_.bind(asio::local::stream_protocol::endpoint(config_.socket_path));
+    if (::chmod(config_.socket_path.c_str(), 0660) != 0) throw_sys("chmod", config_.socket_path);
+    acceptor_.listen(1024);
+    accept_next();
+    check_leases();
+    log("listening on " + config_.socket_path + " (cgroup " + config_.cgroup_driver + ")");
+}
+
+void Server::stop() {
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    lease_timer_.cancel();
+    io_.stop();
+}
+
+void Server::accept_next() {
+    acceptor_.async_accept([this](boost::system::error_code ec, UnixSocket socket) {
+        if (ec == asio::error::operation_aborted) return;
+        if (!ec) on_connection(std::move(socket));
+        accept_next();
+    });
+}
+
+bool Server::peer_allowed(int fd, std::string* who) {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        *who = "unknown peer";
+        return false;
+    }
+    *who = "uid " + std::to_string(cred.uid);
+    if (cred.uid == 0 || cred.uid == config_.daemon_uid || cred.gid == config_.allowed_gid)
+        return true;
+    // Supplementary groups of the peer process as they were at connect().
+    gid_t groups[256];
+    socklen_t glen = sizeof groups;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen) == 0) {
+        for (size_t i = 0; i < glen / sizeof(gid_t); ++i) {
+            if (groups[i] == config_.allowed_gid) return true;
+        }
+    }
+    return false;
+}
+
+void Server::on_connection(UnixSocket socket) {
+    std::string who;
+    const bool allowed = peer_allowed(socket.native_handle(), &who);
+    auto framed = std::make_shared<FramedSocket>(std::move(socket), config_.max_frame);
+    auto session = std::make_shared<Session>(next_session_++, framed);
+    if (!allowed) {
+        session->send_error(0, v1::PERMISSION_DENIED,
+                            who + " is neither root nor in group '" + config_.allowed_group_name +
+                                "'");
+        framed->close_after_flush();
+        return;
+    }
+    sessions_[session->id] = session;
+    std::weak_ptr<Session> weak = session;
+    framed->start([this, weak](FramedSocket::Event event, std::string&& payload) {
+        auto session = weak.lock();
+        if (!session) return;
+        switch (event) {
+            case FramedSocket::Event::frame:
+                on_frame(session, std::move(payload));
+                break;
+            case FramedSocket::Event::too_large:
+                session->send_error(0, v1::RESOURCE_EXHAUSTED,
+                                    "frame of " + payload + " bytes exceeds the limit of " +
+                                        std::to_string(config_.max_frame) + " bytes");
+                session->socket->close_after_flush();
+                on_closed(session);
+                break;
+            case FramedSocket::Event::closed:
+                on_closed(session);
+                break;
+        }
+    });
+}
+
+void Server::on_closed(const std::shared_ptr<Session>& session) {
+    if (!sessions_.erase(session->id)) return;
+    auto execs = std::move(session->execs);
+    for (auto& [id, op] : execs) op->abandon();
+    // Its sandboxes now run on their lease.
+    for (Sandbox* s : registry_.all()) {
+        if (s->owner_session == session->id) {
+            s->owner_session = 0;
+            if (!s->info.persistent()) s->lease_deadline = Clock::now() + config_.lease;
+        }
+    }
+}
+
+void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& payload) {
+    v1::ClientMessage msg;
+    if (!msg.ParseFromString(payload)) {
+        session->send_error(0, v1::INVALID_ARGUMENT,
+                            "malformed frame: " + std::to_string(payload.size()) +
+                                " bytes that are not a berth.v1.ClientMessage");
+        return;
+    }
+    const uint64_t id = msg.id();
+    if (msg.has_hello()) return handle_hello(session, id, msg.hello());
+    if (!session->said_hello) {
+        session->send_error(id, v1::INVALID_ARGUMENT, "the first request must be Hello");
+        return;
+    }
+    switch (msg.body_case()) {
+        case v1::ClientMessage::kCreate:
+            return handle_create(session, id, msg.create());
+        case v1::ClientMessage::kExec:
+            return handle_exec(session, id, msg.exec());
+        case v1::ClientMessage::kExecInput: {
+            auto it = session->execs.find(id);
+            if (it == session->execs.end()) {
+                session->send_error(id, v1::NOT_FOUND, "no running exec with id " + std::to_string(id));
+                return;
+            }
+            it->second->input(msg.exec_input());
+            return;
+        }
+        case v1::ClientMessage::kCancel: {
+            auto it = session->execs.find(id);
+            if (it == session->execs.end()) {
+                session->send_error(id, v1::NOT_FOUND, "no running exec with id " + std::to_string(id));
+                return;
+            }
+            it->second->cancel();
+            return;
+        }
+        case v1::ClientMessage::kDelete:
+            return handle_delete(session, id, msg.delete_());
+        case v1::ClientMessage::kList:
+            return handle_list(session, id);
+        case v1::ClientMessage::kInspect:
+            return handle_inspect(session, id, msg.inspect());
+        case v1::ClientMessage::kSetPersistent:
+            return handle_set_persistent(session, id, msg.set_persistent());
+        default:
+            session->send_error(id, v1::INVALID_ARGUMENT, "empty or unknown request");
+    }
+}
+
+void Server::handle_hello(const std::shared_ptr<Session>& session, uint64_t id, const v1::Hello& hello) {
+    if (hello.protocol_version() != wire::kProtocolVersion) {
+        session->send_error(id, v1::INVALID_ARGUMENT,
+                            "protocol version " + std::to_string(hello.protocol_version()) +
+                                " is not supported; this daemon speaks " +
+                                std::to_string(wire::kProtocolVersion));
+        session->socket->close_after_flush();
+        return;
+    }
+    session->said_hello = true;
+    v1::ServerMessage reply;
+    reply.set_id(id);
+    auto* h = reply.mutable_hello();
+    h->set_protocol_version(wire::kProtocolVersion);
+    h->set_server_version(BERTH_VERSION);
+    h->set_max_frame_bytes(config_.max_frame);
+    h->set_cgroup_driver(config_.cgroup_driver);
+    session->send(reply);
+}
+
+void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
+                           const v1::CreateSandbox& req) {
+    if (req.rootfs().empty()) {
+        session->send_error(id, v1::INVALID_ARGUMENT, "rootfs: a directory is required");
+        return;
+    }
+    if (!req.name().empty() && !valid_name(req.name())) {
+        session->send_error(id, v1::INVALID_ARGUMENT,
+                            "name '" + req.name() + "' must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
+        return;
+    }
+    if (!req.name().empty() && (registry_.name_taken(req.name()) || pending_names_.count(req.name()))) {
+        session->send_error(id, v1::ALREADY_EXISTS, "a sandbox named '" + req.name() + "' exists");
+        return;
+    }
+    const auto& r = req.resources();
+    if (r.cpus() < 0 || r.cpus() > 1024) {
+        session->send_error(id, v1::INVALID_ARGUMENT, "cpus must be between 0 and 1024");
+        return;
+    }
+    if (r.memory_bytes() != 0 && r.memory_bytes() < (4u << 20)) {
+        session->send_error(id, v1::INVALID_ARGUMENT, "memory must be at least 4 MiB");
+        return;
+    }
+    const std::string sandbox_id = new_sandbox_id();
+    std::string hostname = req.hostname().empty() ? sandbox_id.substr(0, 12) : req.hostname();
+
+    v1::helper::Request hreq;
+    auto* c = hreq.mutable_create();
+    c->set_id(sandbox_id);
+    c->set_rootfs(req.rootfs());
+    c->set_hostname(hostname);
+    c->mutable_limits()->set_memory_bytes(r.memory_bytes());
+    c->mutable_limits()->set_cpus(r.cpus());
+    c->mutable_limits()->set_pids(r.pids() ? r.pids() : kDefaultPids);
+    if (!req.name().empty()) pending_names_.insert(req.name());
+
+    std::weak_ptr<Session> weak = session;
+    const uint64_t session_id = session->id;
+    helper_.call(std::move(hreq), [this, weak, session_id, id, req, sandbox_id, hostname](
+                                      const v1::helper::Reply& reply) {
+        pending_names_.erase(req.name());
+        auto session = weak.lock();
+        if (!reply.error().empty()) {
+            if (session) session->send_error(id, code_from_helper(reply.error_code()), reply.error());
+            return;
+        }
+        const auto& created = reply.created();
+        v1::SandboxInfo info;
+        info.set_id(sandbox_id);
+        info.set_name(req.name());
+        info.set_rootfs(req.rootfs());
+        info.set_hostname(hostname);
+        *info.mutable_resources() = req.resources();
+        if (!info.resources().pids()) info.mutable_resources()->set_pids(kDefaultPids);
+        info.set_persistent(req.persistent());
+        info.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+        info.set_init_pid(created.init_pid());
+        info.set_state("running");
+        *info.mutable_cgroup_paths() = created.cgroup_paths();
+        info.set_cgroup_driver(config_.cgroup_driver);
+        info.set_host_root_uid(created.host_root_uid());
+        Sandbox& sandbox = registry_.add(info, created.init_socket(), created.init_start_time());
+        if (session && sessions_.count(session_id)) {
+            sandbox.owner_session = session_id;
+        } else if (!req.persistent()) {
+            sandbox.lease_deadline = Clock::now() + config_.lease;
+        }
+        try {
+            registry_.save_meta(sandbox);
+        } catch (const std::exception& e) {
+            log("saving metadata of " + sandbox_id + ": " + e.what());
+        }
+        if (session) {
+            v1::ServerMessage msg;
+            msg.set_id(id);
+            *msg.mutable_create()->mutable_sandbox() = sandbox.info;
+            session->send(msg);
+        }
+    });
+}
+
+void Server::handle_exec(const std::shared_ptr<Session>& session, uint64_t id, const v1::Exec& req) {
+    std::string error;
+    Sandbox* sandbox = registry_.find(req.sandbox(), &error);
+    if (!sandbox) {
+        session->send_error(id, v1::NOT_FOUND, error);
+        return;
+    }
+    if (sandbox->deleting) {
+        session->send_error(id, v1::UNAVAILABLE, "sandbox " + sandbox->info.id() + " is being deleted");
+        return;
+    }
+    if (session->execs.count(id)) {
+        session->send_error(id, v1::INVALID_ARGUMENT, "request id " + std::to_string(id) + " is in use");
+        return;
+    }
+    auto op = std::make_shared<ExecOperation>(io_, session, id, *sandbox, dev_null_);
+    session->execs[id] = op;
+    op->start(req);
+}
+
+void Server::delete_sandbox(const std::string& sandbox_id,
+                            std::function<void(v1::ErrorCode, std::string)> done) {
+    if (Sandbox* s = registry_.by_id(sandbox_id)) s->deleting = true;
+    v1::helper::Request hreq;
+    hreq.mutable_delete_()->set_id(sandbox_id);
+    helper_.call(std::move(hreq), [this, sandbox_id, done](const v1::helper::Reply& reply) {
+        if (!reply.error().empty() && reply.error_code() != v1::NOT_FOUND) {
+            if (Sandbox* s = registry_.by_id(sandbox_id)) s->deleting = false;
+            done(code_from_helper(reply.error_code()), reply.error());
+            return;
+        }
+        registry_.remove(sandbox_id);
+        done(v1::ERROR_CODE_UNSPECIFIED, "");
+    });
+}
+
+void Server::handle_delete(const std::shared_ptr<Session>& session, uint64_t id,
+                           const v1::DeleteSandbox& req) {
+    std::string error;
+    Sandbox* sandbox = registry_.find(req.sandbox(), &error);
+    if (!sandbox) {
+        session->send_error(id, v1::NOT_FOUND, error);
+        return;
+    }
+    std::weak_ptr<Session> weak = session;
+    delete_sandbox(sandbox->info.id(), [weak, id](v1::ErrorCode code, std::string message) {
+        auto session = weak.lock();
+        if (!session) return;
+        if (!message.empty()) {
+            session->send_error(id, code, message);
+            return;
+        }
+        v1::ServerMessage msg;
+        msg.set_id(id);
+        msg.mutable_delete_();
+        session->send(msg);
+    });
+}
+
+void Server::handle_list(const std::shared_ptr<Session>& session, uint64_t id) {
+    v1::ServerMessage msg;
+    msg.set_id(id);
+    auto* list = msg.mutable_list();
+    for (Sandbox* s : registry_.all()) *list->add_sandboxes() = s->info;
+    session->send(msg);
+}
+
+void Server::handle_inspect(const std::shared_ptr<Session>& session, uint64_t id,
+                            const v1::InspectSandbox& req) {
+    std::string error;
+    Sandbox* sandbox = registry_.find(req.sandbox(), &error);
+    if (!sandbox) {
+        session->send_error(id, v1::NOT_FOUND, error);
+        return;
+    }
+    v1::ServerMessage msg;
+    msg.set_id(id);
+    auto* reply = msg.mutable_inspect();
+    *reply->mutable_sandbox() = sandbox->info;
+    if (sandbox->cgroup) {
+        try {
+            cgroup::Stats st = sandbox->cgroup->stats();
+            auto* out = reply->mutable_stats();
+            out->set_cpu_usage_ns(st.cpu_usage_ns);
+            out->set_memory_bytes(st.memory_bytes);
+            out->set_memory_peak_bytes(st.memory_peak_bytes);
+            out->set_pids(st.pids);
+            out->set_oom_kills(st.oom_kills);
+        } catch (const std::exception& e) {
+            session->send_error(id, v1::INTERNAL, "reading stats of " + sandbox->info.id() + ": " + e.what());
+            return;
+        }
+    }
+    session->send(msg);
+}
+
+void Server::handle_set_persistent(const std::shared_ptr<Session>& session, uint64_t id,
+                                   const v1::SetPersistent& req) {
+    std::string error;
+    Sandbox* sandbox = registry_.find(req.sandbox(), &error);
+    if (!sandbox) {
+        session->send_error(id, v1::NOT_FOUND, error);
+        return;
+    }
+    sandbox->info.set_persistent(req.persistent());
+    if (req.persistent()) {
+        sandbox->lease_deadline.reset();
+    } else {
+        // The caller takes the lease: it lasts as long as this connection.
+        sandbox->owner_session = session->id;
+        sandbox->lease_deadline.reset();
+    }
+    try {
+        registry_.save_meta(*sandbox);
+    } catch (const std::exception& e) {
+        session->send_error(id, v1::INTERNAL, e.what());
+        return;
+    }
+    v1::ServerMessage msg;
+    msg.set_id(id);
+    msg.mutable_set_persistent();
+    session->send(msg);
+}
+
+void Server::reattach() {
+    size_t alive = 0, dead = 0;
+    for (auto& found : registry_.scan()) {
+        if (!found.alive) {
+            ++dead;
+            const std::string sid = found.info.id();
+            delete_sandbox(sid, [sid](v1::ErrorCode, std::string message) {
+                if (!message.empty()) log("cleaning up dead sandbox " + sid + ": " + message);
+            });
+            continue;
+        }
+        ++alive;
+        found.info.set_state("running");
+        Sandbox& s = registry_.add(found.info, found.init_socket, found.init_start_time);
+        if (!s.info.persistent()) s.lease_deadline = Clock::now() + config_.lease;
+    }
+    if (alive || dead) {
+        log("reattached " + std::to_string(alive) + " sandbox(es); cleaning up " +
+            std::to_string(dead) + " dead one(s)");
+    }
+}
+
+void Server::check_leases() {
+    const auto now = Clock::now();
+    for (Sandbox* s : registry_.all()) {
+        if (s->deleting || !s->lease_deadline || *s->lease_deadline > now) continue;
+        const std::string sid = s->info.id();
+        log("lease of sandbox " + sid + " expired; deleting it");
+        delete_sandbox(sid, [sid](v1::ErrorCode, std::string message) {
+            if (!message.empty()) log("deleting " + sid + " after its lease: " + message);
+        });
+    }
+    auto tick = std::min<std::chrono::milliseconds>(config_.lease / 4, std::chrono::milliseconds(1000));
+    lease_timer_.expires_after(std::max(tick, std::chrono::milliseconds(50)));
+    lease_timer_.async_wait([this](boost::system::error_code ec) {
+        if (!ec) check_leases();
+    });
+}
+
+}  // namespace berth::daemon

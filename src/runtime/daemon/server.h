@@ -1,0 +1,85 @@
+// berthd's request handling: client sessions, sandbox lifecycle, execs, leases.
+#pragma once
+
+#include <boost/asio.hpp>
+#include <map>
+#include <set>
+#include <memory>
+#include <string>
+
+#include "berth.pb.h"
+#include "runtime/daemon/framed_socket.h"
+#include "runtime/daemon/helper_client.h"
+#include "runtime/daemon/sandboxes.h"
+
+namespace berth::daemon {
+
+class ExecOperation;
+
+struct ServerConfig {
+    std::string socket_path;
+    std::string runtime_dir;
+    uint32_t max_frame = 4u << 20;
+    std::chrono::milliseconds lease{60'000};
+    uid_t daemon_uid = 0;
+    gid_t allowed_gid = 0;  // members of this group may connect (and root, and us)
+    std::string allowed_group_name = "berth";
+    std::string cgroup_driver;  // "v1" | "v2", as the helper reported
+};
+
+// One client connection.
+class Session : public std::enable_shared_from_this<Session> {
+public:
+    Session(uint64_t id, std::shared_ptr<FramedSocket> socket) : id(id), socket(std::move(socket)) {}
+    void send(const v1::ServerMessage& msg);
+    void send_error(uint64_t request_id, v1::ErrorCode code, const std::string& message);
+
+    const uint64_t id;
+    std::shared_ptr<FramedSocket> socket;
+    bool said_hello = false;
+    std::map<uint64_t, std::shared_ptr<ExecOperation>> execs;
+};
+
+class Server {
+public:
+    Server(asio::io_context& io, ServerConfig config, std::shared_ptr<FramedSocket> helper_channel,
+           std::unique_ptr<cgroup::Driver> driver);
+    // Binds the client socket, reattaches to existing sandboxes and starts serving.
+    void start();
+    void stop();
+
+private:
+    void accept_next();
+    void on_connection(UnixSocket socket);
+    void on_frame(const std::shared_ptr<Session>& session, std::string&& payload);
+    void on_closed(const std::shared_ptr<Session>& session);
+
+    void handle_hello(const std::shared_ptr<Session>&, uint64_t id, const v1::Hello&);
+    void handle_create(const std::shared_ptr<Session>&, uint64_t id, const v1::CreateSandbox&);
+    void handle_exec(const std::shared_ptr<Session>&, uint64_t id, const v1::Exec&);
+    void handle_delete(const std::shared_ptr<Session>&, uint64_t id, const v1::DeleteSandbox&);
+    void handle_list(const std::shared_ptr<Session>&, uint64_t id);
+    void handle_inspect(const std::shared_ptr<Session>&, uint64_t id, const v1::InspectSandbox&);
+    void handle_set_persistent(const std::shared_ptr<Session>&, uint64_t id,
+                               const v1::SetPersistent&);
+
+    // Deletes through the helper; `done(error)` gets "" on success.
+    void delete_sandbox(const std::string& id, std::function<void(v1::ErrorCode, std::string)> done);
+    void reattach();
+    void check_leases();
+    bool peer_allowed(int fd, std::string* who);
+
+    asio::io_context& io_;
+    ServerConfig config_;
+    std::unique_ptr<cgroup::Driver> driver_;
+    HelperClient helper_;
+    SandboxRegistry registry_;
+    asio::local::stream_protocol::acceptor acceptor_;
+    asio::steady_timer lease_timer_;
+    std::map<uint64_t, std::shared_ptr<Session>> sessions_;
+    uint64_t next_session_ = 1;
+    std::set<std::string> pending_names_;
+    int dev_null_ = -1;
+};
+
+}  // namespace berth::daemon

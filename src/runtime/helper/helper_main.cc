@@ -1,0 +1,109 @@
+// berth-helper: the privileged part of berth. Started by berthd (as root) before it drops
+// its privileges; serves typed requests on one socketpair, one at a time, and does only
+// what those requests name. It never sees client bytes.
+#include <grp.h>
+#include <pwd.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "base/error.h"
+#include "helper.pb.h"
+#include "ns/idmap.h"
+#include "ns/security.h"
+#include "runtime/helper/sandbox_factory.h"
+#include "runtime/wire/frame.h"
+
+using namespace berth;
+
+int main(int argc, char** argv) {
+    CLI::App app{"berth-helper: privileged sandbox construction for berthd"};
+    int channel = -1;
+    helper::Config config;
+    std::string service_user = "berth";
+    app.add_option("--channel-fd", channel, "the socketpair end shared with berthd")->required();
+    app.add_option("--runtime-dir", config.runtime_dir)->required();
+    app.add_option("--state-dir", config.state_dir)->required();
+    app.add_option("--service-user", service_user, "whose /etc/subuid range sandboxes use");
+    app.add_option("--daemon-uid", config.daemon_uid)->required();
+    app.add_option("--daemon-gid", config.daemon_gid)->required();
+    app.add_option("--cgroup-parent", config.cgroup_parent);
+    CLI11_PARSE(app, argc, argv);
+
+    ::prctl(PR_SET_NAME, "berth-helper");
+    // Sandbox inits are reaped by the kernel; we follow them by pidfd.
+    ::signal(SIGCHLD, SIG_IGN);
+    ::signal(SIGPIPE, SIG_IGN);
+
+    std::unique_ptr<helper::SandboxFactory> factory;
+    try {
+        // A mount namespace of our own keeps the host's table clean of anything we mount.
+        check_sys("unshare", "CLONE_NEWNS", [] { return ::unshare(CLONE_NEWNS); });
+        check_sys("mount", "/ rslave",
+                  [] { return ::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr); });
+        ns::raise_nofile_limit();
+        struct passwd* pw = ::getpwnam(service_user.c_str());
+        uid_t service_uid = pw ? pw->pw_uid : config.daemon_uid;
+        config.mapping = ns::mapping_for_user(service_user, service_uid);
+        factory = std::make_unique<helper::SandboxFactory>(config);
+    } catch (const std::exception& e) {
+        std::cerr << "berth-helper: cannot start: " << e.what() << std::endl;
+        v1::helper::Reply fatal;
+        fatal.set_error(std::string("berth-helper cannot start: ") + e.what());
+        fatal.set_error_code(6);
+        try {
+            wire::write_frame(channel, fatal);
+        } catch (...) {
+        }
+        return 1;
+    }
+    {
+        v1::helper::Reply hello;  // id 0: started, with the driver we use
+        hello.mutable_created()->add_cgroup_paths(
+            factory->cgroup_version() == cgroup::Version::v2 ? "v2" : "v1");
+        wire::write_frame(channel, hello);
+    }
+
+    for (;;) {
+        v1::helper::Request request;
+        wire::ReadStatus status;
+        try {
+            status = wire::read_frame(channel, request, wire::kDefaultMaxFrame);
+        } catch (const std::exception& e) {
+            std::cerr << "berth-helper: " << e.what() << std::endl;
+            return 1;
+        }
+        // berthd is gone: leave the sandboxes running for the next daemon to reattach.
+        if (status == wire::ReadStatus::eof) return 0;
+        v1::helper::Reply reply;
+        reply.set_id(request.id());
+        try {
+            if (status != wire::ReadStatus::ok) {
+                throw helper::HelperError(1, "malformed helper request");
+            } else if (request.has_create()) {
+                *reply.mutable_created() = factory->create(request.create());
+            } else if (request.has_delete_()) {
+                factory->destroy(request.delete_().id());
+                reply.mutable_deleted();
+            } else {
+                throw helper::HelperError(1, "unknown helper request");
+            }
+        } catch (const helper::HelperError& e) {
+            reply.set_error(e.what());
+            reply.set_error_code(e.code);
+        } catch (const std::exception& e) {
+            reply.set_error(e.what());
+            reply.set_error_code(7);
+        }
+        try {
+            wire::write_frame(channel, reply);
+        } catch (const std::exception& e) {
+            std::cerr << "berth-helper: " << e.what() << std::endl;
+            return 1;
+        }
+    }
+}

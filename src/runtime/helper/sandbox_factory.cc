@@ -1,0 +1,340 @@
+#include "runtime/helper/sandbox_factory.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/sched.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "ns/net.h"
+#include "ns/rootfs.h"
+#include "runtime/init/init.h"
+
+namespace berth::helper {
+
+namespace {
+
+constexpr uint32_t kInvalidArgument = 1, kNotFound = 2, kAlreadyExists = 8, kInternal = 7,
+                   kUnavailable = 6;
+
+uint64_t process_start_time(pid_t pid) {
+    std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    size_t pos = stat.rfind(')');
+    if (pos == std::string::npos) return 0;
+    // Fields after the comm: state is field 3; starttime is field 22.
+    int field = 2;
+    for (size_t i = pos + 1; i < stat.size(); ++i) {
+        if (stat[i] == ' ' && ++field == 21) return std::stoull(stat.substr(i + 1));
+    }
+    return 0;
+}
+
+bool valid_hostname(const std::string& name) {
+    if (name.empty() || name.size() > 63) return false;
+    return std::all_of(name.begin(), name.end(),
+                       [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.'; });
+}
+
+UniqueFd listen_unix(const std::string& path, uid_t owner, gid_t group) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof addr.sun_path) throw HelperError(kInvalidArgument, "socket path too long: " + path);
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    UniqueFd sock(check_sys("socket", path, [] { return ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); }));
+    ::unlink(path.c_str());
+    check_sys("bind", path, [&] { return ::bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr); });
+    check_sys("chown", path, [&] { return ::chown(path.c_str(), owner, group); });
+    check_sys("chmod", path, [&] { return ::chmod(path.c_str(), 0600); });
+    check_sys("listen", path, [&] { return ::listen(sock.get(), 128); });
+    return sock;
+}
+
+// Closes every fd of this (child) process except those in `keep`.
+void close_all_except(std::vector<int> keep) {
+    std::sort(keep.begin(), keep.end());
+    unsigned next = 0;
+    for (int fd : keep) {
+        if (static_cast<unsigned>(fd) > next) ::syscall(SYS_close_range, next, fd - 1U, 0U);
+        next = static_cast<unsigned>(fd) + 1;
+    }
+    ::syscall(SYS_close_range, next, ~0U, 0U);
+}
+
+struct ChildPlan {
+    int go;
+    int ready;
+    int control;
+    int overlay;
+    std::string mountpoint;
+    std::string hostname;
+    const ns::SeccompProgram* seccomp;
+};
+
+void report(int fd, const std::string& text) {
+    ssize_t ignored = ::write(fd, text.data(), text.size());
+    (void)ignored;
+}
+
+// Runs as the new sandbox's first process (PID 1 of its pid namespace), in its fresh user,
+// mount, net, uts, ipc namespaces. Becomes berth-init; never returns.
+[[noreturn]] void sandbox_child(const ChildPlan& plan) {
+    try {
+        ::signal(SIGCHLD, SIG_DFL);  // the helper ignores it; init must not
+        ::signal(SIGPIPE, SIG_DFL);
+        close_all_except({0, 1, 2, plan.go, plan.ready, plan.control, plan.overlay});
+        char byte;
+        if (::read(plan.go, &byte, 1) != 1) ::_exit(1);  // the helper gave up on us
+        ::close(plan.go);
+        // Our id maps are written now: become root of the new user namespace.
+        check_sys("setresgid", "0", [] { return ::setresgid(0, 0, 0); });
+        check_sys("setresuid", "0", [] { return ::setresuid(0, 0, 0); });
+        check_sys("setgroups", "[]", [] { return ::setgroups(0, nullptr); });
+        // The cgroup namespace is made after the helper moved us into our cgroup, so the
+        // sandbox sees its own cgroup as the root.
+        check_sys("unshare", "CLONE_NEWCGROUP", [] { return ::unshare(CLONE_NEWCGROUP); });
+        check_sys("sethostname", plan.hostname,
+                  [&] { return ::sethostname(plan.hostname.data(), plan.hostname.size()); });
+        ns::bring_up_loopback();
+        ns::enter_rootfs(plan.overlay, plan.mountpoint);
+        ::close(plan.overlay);
+        int null = check_sys("open", "/dev/null", [] { return ::open("/dev/null", O_RDWR); });
+        for (int i = 0; i < 3; ++i) ::dup2(null, i);
+        if (null > 2) ::close(null);
+        report(plan.ready, "ok");
+        ::close(plan.ready);
+    } catch (const std::exception& e) {
+        report(plan.ready, e.what());
+        ::_exit(1);
+    }
+    init::run_init(UniqueFd(plan.control), *plan.seccomp);
+}
+
+// Kills a sandbox's init (and so its whole pid namespace) and waits until it is gone.
+void kill_and_wait(int pidfd, const std::string& id) {
+    if (::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0) != 0 && errno != ESRCH)
+        throw_sys("pidfd_send_signal", "init of " + id);
+    pollfd pfd{pidfd, POLLIN, 0};
+    // init exits only after every process in its pid namespace has: then pidfd is readable.
+    int n = check_sys("poll", "pidfd of " + id, [&] { return ::poll(&pfd, 1, 10000); });
+    if (n == 0) throw HelperError(kUnavailable, "init of sandbox " + id + " did not exit within 10 s");
+}
+
+}  // namespace
+
+struct SandboxFactory::Live {
+    pid_t pid = -1;
+    UniqueFd pidfd;
+    std::unique_ptr<cgroup::Cgroup> cgroup;
+};
+
+bool valid_sandbox_id(const std::string& id) {
+    return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) {
+               return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+           });
+}
+
+SandboxFactory::SandboxFactory(Config config)
+    : config_(std::move(config)),
+      driver_(cgroup::detect(config_.cgroup_parent)),
+      template_userns_(ns::make_userns_fd(config_.mapping)),
+      seccomp_(ns::SeccompProgram::default_profile()) {
+    make_dirs(config_.runtime_dir + "/sandboxes", 0711);
+    make_dirs(config_.state_dir + "/sandboxes", 0700);
+}
+
+SandboxFactory::~SandboxFactory() = default;
+
+std::string SandboxFactory::sandbox_runtime_dir(const std::string& id) const {
+    return config_.runtime_dir + "/sandboxes/" + id;
+}
+std::string SandboxFactory::sandbox_state_dir(const std::string& id) const {
+    return config_.state_dir + "/sandboxes/" + id;
+}
+
+v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
+    const std::string& id = req.id();
+    if (!valid_sandbox_id(id)) throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
+    if (!valid_hostname(req.hostname()))
+        throw HelperError(kInvalidArgument, "invalid hostname '" + req.hostname() + "'");
+    const std::string& rootfs = req.rootfs();
+    struct stat st;
+    if (rootfs.empty() || rootfs[0] != '/' || rootfs.find("/../") != std::string::npos)
+        throw HelperError(kInvalidArgument, "rootfs must be an absolute path: '" + rootfs + "'");
+    if (::stat(rootfs.c_str(), &st) != 0)
+        throw HelperError(kNotFound, "rootfs '" + rootfs + "': " + std::strerror(errno));
+    if (!S_ISDIR(st.st_mode)) throw HelperError(kInvalidArgument, "rootfs '" + rootfs + "' is not a directory");
+
+    const std::string run = sandbox_runtime_dir(id), state = sandbox_state_dir(id);
+    if (live_.count(id) || ::access(run.c_str(), F_OK) == 0)
+        throw HelperError(kAlreadyExists, "sandbox " + id + " already exists");
+
+    auto live = std::make_unique<Live>();
+    // Until the end, any failure undoes what was made.
+    bool committed = false;
+    struct Undo {
+        SandboxFactory* self;
+        const std::string& run;
+        const std::string& state;
+        Live* live;
+        bool* committed;
+        ~Undo() {
+            if (*committed) return;
+            try {
+                if (live->pidfd) kill_and_wait(live->pidfd.get(), "(failed create)");
+                if (live->cgroup) live->cgroup->remove();
+                remove_tree(run);
+                remove_tree(state);
+            } catch (const std::exception&) {
+                // Best effort; what remains is found by the next delete or prune.
+            }
+        }
+    } undo{this, run, state, live.get(), &committed};
+
+    make_dirs(run, 0711);
+    make_dirs(run + "/rootfs", 0755);
+    make_dirs(state, 0700);
+    const std::string upper = state + "/upper", work = state + "/work";
+    make_dirs(upper, 0755);
+    make_dirs(work, 0700);
+    const uid_t root_uid = config_.mapping.uids.host_start;
+    const gid_t root_gid = config_.mapping.gids.host_start;
+    check_sys("chown", upper, [&] { return ::chown(upper.c_str(), root_uid, root_gid); });
+
+    cgroup::Limits limits;
+    if (req.limits().memory_bytes()) limits.memory_bytes = req.limits().memory_bytes();
+    if (req.limits().cpus() > 0) limits.cpus = req.limits().cpus();
+    if (req.limits().pids()) limits.pids = req.limits().pids();
+    live->cgroup = driver_->create(id, limits);
+
+    const std::string socket_path = run + "/init.sock";
+    UniqueFd control = listen_unix(socket_path, config_.daemon_uid, config_.daemon_gid);
+    UniqueFd lower = ns::make_idmapped_tree(rootfs, template_userns_.get());
+    UniqueFd overlay = ns::make_overlay(lower.get(), upper, work);
+    lower.reset();
+
+    int go[2], ready[2];
+    check_sys("pipe2", "go", [&] { return ::pipe2(go, O_CLOEXEC); });
+    UniqueFd go_read(go[0]), go_write(go[1]);
+    check_sys("pipe2", "ready", [&] { return ::pipe2(ready, O_CLOEXEC); });
+    UniqueFd ready_read(ready[0]), ready_write(ready[1]);
+
+    ChildPlan plan{go_read.get(), ready_write.get(), control.get(), overlay.get(),
+                   run + "/rootfs", req.hostname(), &seccomp_};
+
+    clone_args args{};
+    int pidfd = -1;
+    args.flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
+                 CLONE_NEWIPC | CLONE_PIDFD;
+    args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
+    args.exit_signal = SIGCHLD;
+    if (int cg = live->cgroup->clone_into_fd(); cg >= 0) {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = static_cast<uint64_t>(cg);
+    }
+    pid_t pid = static_cast<pid_t>(
+        check_sys("clone3", "sandbox " + id, [&] { return ::syscall(SYS_clone3, &args, sizeof args); }));
+    if (pid == 0) sandbox_child(plan);
+
+    live->pid = pid;
+    live->pidfd.reset(pidfd);
+    go_read.reset();
+    ready_write.reset();
+    control.reset();
+    overlay.reset();
+
+    ns::write_id_maps(pid, config_.mapping);
+    if (live->cgroup->clone_into_fd() < 0) live->cgroup->attach(pid);
+    check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "g", 1); });
+
+    char buf[1024];
+    std::string answer;
+    for (;;) {
+        ssize_t n = ::read(ready_read.get(), buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        answer.append(buf, static_cast<size_t>(n));
+    }
+    if (answer != "ok") {
+        throw HelperError(kInternal, "setting up sandbox " + id + " failed: " +
+                                         (answer.empty() ? "its init died" : answer));
+    }
+
+    v1::helper::Created created;
+    created.set_init_pid(pid);
+    created.set_init_start_time(process_start_time(pid));
+    created.set_init_socket(socket_path);
+    for (const auto& p : live->cgroup->paths()) created.add_cgroup_paths(p);
+    created.set_host_root_uid(root_uid);
+
+    nlohmann::json state_json = {
+        {"id", id},
+        {"init_pid", pid},
+        {"init_start_time", created.init_start_time()},
+        {"init_socket", socket_path},
+        {"cgroup_paths", live->cgroup->paths()},
+        {"cgroup_driver", driver_->version() == cgroup::Version::v2 ? "v2" : "v1"},
+        {"host_root_uid", root_uid},
+        {"rootfs", rootfs},
+        {"hostname", req.hostname()},
+    };
+    write_file_atomic(run + "/state.json", state_json.dump(), 0644);
+    committed = true;
+    live_[id] = std::move(live);
+    return created;
+}
+
+void SandboxFactory::destroy(const std::string& id) {
+    if (!valid_sandbox_id(id)) throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
+    const std::string run = sandbox_runtime_dir(id), state = sandbox_state_dir(id);
+    auto it = live_.find(id);
+    std::unique_ptr<Live> live;
+    if (it != live_.end()) {
+        live = std::move(it->second);
+        live_.erase(it);
+    } else {
+        // Made by an earlier helper: find its init from the state file, guarding pid reuse.
+        if (::access(run.c_str(), F_OK) != 0 && ::access(state.c_str(), F_OK) != 0)
+            throw HelperError(kNotFound, "no sandbox " + id);
+        live = std::make_unique<Live>();
+        try {
+            auto j = nlohmann::json::parse(read_file(run + "/state.json"));
+            pid_t pid = j.at("init_pid").get<pid_t>();
+            uint64_t start = j.at("init_start_time").get<uint64_t>();
+            int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+            if (fd >= 0) {
+                UniqueFd pidfd(fd);
+                uint64_t now_start = 0;
+                try {
+                    now_start = process_start_time(pid);
+                } catch (const std::exception&) {
+                }
+                if (now_start == start) live->pidfd = std::move(pidfd);
+            }
+        } catch (const std::exception&) {
+            // No usable state: nothing to kill, clean up what is on disk.
+        }
+        live->cgroup = driver_->open(id);
+    }
+    if (live->pidfd) kill_and_wait(live->pidfd.get(), id);
+    if (live->cgroup) {
+        live->cgroup->kill();
+        live->cgroup->remove();
+    }
+    remove_tree(run);
+    remove_tree(state);
+}
+
+}  // namespace berth::helper

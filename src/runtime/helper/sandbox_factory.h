@@ -1,0 +1,62 @@
+// The privileged half of a sandbox's life: build it from namespaces, an id-mapped
+// overlay and a cgroup; tear it down so that nothing is left behind.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "base/unique_fd.h"
+#include "cgroup/cgroup.h"
+#include "helper.pb.h"
+#include "ns/idmap.h"
+#include "ns/security.h"
+
+namespace berth::helper {
+
+struct Config {
+    std::string runtime_dir;  // /run/berth: sockets and state files
+    std::string state_dir;    // /var/lib/berth: writable layers
+    uid_t daemon_uid = 0;     // who may connect to each init's control socket
+    gid_t daemon_gid = 0;
+    ns::IdMapping mapping;    // root inside = mapping.uids.host_start outside
+    std::string cgroup_parent = "berth";
+};
+
+// A request the helper refuses or cannot do. `code` is a berth.v1.ErrorCode.
+struct HelperError : std::runtime_error {
+    HelperError(uint32_t code, const std::string& message)
+        : std::runtime_error(message), code(code) {}
+    uint32_t code;
+};
+
+class SandboxFactory {
+public:
+    explicit SandboxFactory(Config config);
+    ~SandboxFactory();
+
+    v1::helper::Created create(const v1::helper::Create& request);
+    // Kills every process of the sandbox and removes its cgroup, layers and state.
+    // A sandbox this helper did not create (a previous helper did) is found by its state file.
+    void destroy(const std::string& id);
+
+    cgroup::Version cgroup_version() const { return driver_->version(); }
+
+private:
+    struct Live;
+    std::string sandbox_runtime_dir(const std::string& id) const;
+    std::string sandbox_state_dir(const std::string& id) const;
+
+    Config config_;
+    std::unique_ptr<cgroup::Driver> driver_;
+    UniqueFd template_userns_;
+    ns::SeccompProgram seccomp_;
+    std::map<std::string, std::unique_ptr<Live>> live_;
+};
+
+// [0-9a-f]{32}: ids become path components, so nothing else is accepted.
+bool valid_sandbox_id(const std::string& id);
+
+}  // namespace berth::helper

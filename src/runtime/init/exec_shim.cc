@@ -1,0 +1,338 @@
+#include "runtime/init/exec_shim.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "base/files.h"
+#include "init.pb.h"
+#include "runtime/init/users.h"
+#include "runtime/wire/frame.h"
+
+namespace berth::init {
+
+namespace {
+
+// Mirrors berth.v1.ErrorCode; the daemon passes these through to the client.
+enum Code : uint32_t {
+    kInvalidArgument = 1,
+    kNotFound = 2,
+    kPermissionDenied = 3,
+    kResourceExhausted = 4,
+    kInternal = 7,
+};
+
+constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+void send(int conn, const v1::init::FromSandbox& msg) {
+    try {
+        wire::write_frame(conn, msg);
+    } catch (const std::exception&) {
+        // The daemon went away; the caller's next read sees EOF and cleans up.
+    }
+}
+
+[[noreturn]] void fail(int conn, uint32_t code, const std::string& message) {
+    v1::init::FromSandbox msg;
+    msg.mutable_failed()->set_code(code);
+    msg.mutable_failed()->set_message(message);
+    send(conn, msg);
+    ::_exit(1);
+}
+
+// What the command's child reports through its close-on-exec pipe when it cannot exec.
+struct ChildFailure {
+    enum Stage : int { kStdio, kIdentity, kCwd, kSeccomp, kExec } stage;
+    int err;
+    char detail[96];
+};
+
+[[noreturn]] void child_fail(int pipe_fd, ChildFailure::Stage stage, int err, const char* detail) {
+    ChildFailure f{stage, err, {}};
+    if (detail) std::strncpy(f.detail, detail, sizeof f.detail - 1);
+    ssize_t ignored = ::write(pipe_fd, &f, sizeof f);
+    (void)ignored;
+    ::_exit(127);
+}
+
+std::string env_value(const std::vector<std::string>& env, std::string_view key) {
+    for (const auto& kv : env) {
+        if (kv.size() > key.size() && kv.compare(0, key.size(), key) == 0 && kv[key.size()] == '=')
+            return kv.substr(key.size() + 1);
+    }
+    return {};
+}
+
+bool has_key(const std::vector<std::string>& env, std::string_view key) {
+    for (const auto& kv : env) {
+        if (kv.size() > key.size() && kv.compare(0, key.size(), key) == 0 && kv[key.size()] == '=')
+            return true;
+    }
+    return false;
+}
+
+// execve with a PATH search over the *new* environment's PATH (execvpe would use ours).
+int exec_with_path(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+    std::vector<char*> args, envp;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+
+    const std::string& file = argv[0];
+    if (file.find('/') != std::string::npos) {
+        ::execve(file.c_str(), args.data(), envp.data());
+        return errno;
+    }
+    std::string path = env_value(env, "PATH");
+    int saw = ENOENT;
+    size_t start = 0;
+    for (;;) {
+        size_t end = path.find(':', start);
+        std::string dir = path.substr(start, end == std::string::npos ? end : end - start);
+        std::string candidate = (dir.empty() ? "." : dir) + "/" + file;
+        ::execve(candidate.c_str(), args.data(), envp.data());
+        if (errno == EACCES) saw = EACCES;  // keep looking, but report it if nothing else runs
+        else if (errno != ENOENT && errno != ENOTDIR) return errno;
+        if (end == std::string::npos) break;
+        start = end + 1;
+    }
+    return saw;
+}
+
+// Children of `pid` (all its threads), from /proc.
+void collect_children(pid_t pid, std::vector<pid_t>& out) {
+    const std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
+    DIR* dir = ::opendir(task_dir.c_str());
+    if (!dir) return;  // exited meanwhile
+    while (dirent* e = ::readdir(dir)) {
+        if (e->d_name[0] == '.') continue;
+        std::string list;
+        try {
+            list = read_file(task_dir + "/" + e->d_name + "/children");
+        } catch (const std::exception&) {
+            continue;
+        }
+        size_t pos = 0;
+        while (pos < list.size()) {
+            size_t end = list.find(' ', pos);
+            if (end == std::string::npos) end = list.size();
+            if (end > pos) out.push_back(static_cast<pid_t>(std::stol(list.substr(pos, end - pos))));
+            pos = end + 1;
+        }
+    }
+    ::closedir(dir);
+}
+
+// SIGKILLs every descendant until none is left. As a child subreaper we inherit every
+// orphan in the tree, so a process that double-forks and calls setsid is still found;
+// a process with SIGKILL pending cannot fork, so the loop converges.
+void kill_tree(pid_t main_pid, int* main_status) {
+    const timespec pause{0, 2'000'000};
+    for (int round = 0; round < 5000; ++round) {
+        std::vector<pid_t> tree;
+        collect_children(::getpid(), tree);
+        for (size_t i = 0; i < tree.size(); ++i) collect_children(tree[i], tree);
+        for (pid_t p : tree) ::kill(p, SIGKILL);
+        int status;
+        pid_t reaped;
+        bool any_child = false;
+        while ((reaped = ::waitpid(-1, &status, WNOHANG)) != 0) {
+            if (reaped < 0) break;  // ECHILD: no children at all
+            any_child = true;
+            if (reaped == main_pid) *main_status = status;
+        }
+        if (reaped < 0 && errno == ECHILD) return;
+        if (!any_child && tree.empty()) ::nanosleep(&pause, nullptr);
+        else if (!any_child) ::nanosleep(&pause, nullptr);
+    }
+}
+
+}  // namespace
+
+[[noreturn]] void run_exec_shim(UniqueFd connection) {
+    ::prctl(PR_SET_NAME, "berth-exec");
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+    const int conn = connection.get();
+
+    v1::init::ToSandbox request;
+    std::vector<UniqueFd> stdio;
+    wire::ReadStatus status;
+    try {
+        status = wire::read_frame(conn, request, wire::kInitMaxFrame, &stdio);
+    } catch (const std::exception& e) {
+        ::_exit(1);
+    }
+    if (status == wire::ReadStatus::eof) ::_exit(0);
+    if (status != wire::ReadStatus::ok || !request.has_spawn())
+        fail(conn, kInvalidArgument, "expected a Spawn request");
+    if (stdio.size() != 3) fail(conn, kInvalidArgument, "a Spawn needs exactly 3 stdio fds");
+    const auto& spawn = request.spawn();
+    if (spawn.argv_size() == 0 || spawn.argv(0).empty())
+        fail(conn, kInvalidArgument, "empty argv: nothing to run");
+
+    std::string error;
+    std::string passwd, group;
+    try {
+        passwd = read_file("/etc/passwd");
+    } catch (const std::exception&) {
+    }
+    try {
+        group = read_file("/etc/group");
+    } catch (const std::exception&) {
+    }
+    auto user = resolve_user(spawn.user(), passwd, group, &error);
+    if (!user) fail(conn, kNotFound, error);
+
+    std::vector<std::string> argv(spawn.argv().begin(), spawn.argv().end());
+    std::vector<std::string> env(spawn.env().begin(), spawn.env().end());
+    if (!has_key(env, "PATH")) env.push_back(std::string("PATH=") + kDefaultPath);
+    if (!has_key(env, "HOME")) env.push_back("HOME=" + user->home);
+    const std::string cwd = spawn.cwd().empty() ? "/" : spawn.cwd();
+
+    ns::ProcessIdentity identity;
+    identity.uid = user->uid;
+    identity.gid = user->gid;
+    identity.groups = user->groups;
+
+    int report[2];
+    if (::pipe2(report, O_CLOEXEC) != 0) fail(conn, kInternal, "pipe2: " + std::string(strerror(errno)));
+    UniqueFd report_read(report[0]), report_write(report[1]);
+
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    ::sigprocmask(SIG_BLOCK, &chld, nullptr);
+    UniqueFd children(::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK));
+
+    pid_t pid = ::fork();
+    if (pid < 0) {
+        fail(conn, errno == EAGAIN ? kResourceExhausted : kInternal,
+             "fork: " + std::string(strerror(errno)) +
+                 (errno == EAGAIN ? " (the sandbox's pids limit?)" : ""));
+    }
+    if (pid == 0) {
+        const int rfd = report_write.get();
+        ::setsid();
+        for (int i = 0; i < 3; ++i) {
+            if (::dup2(stdio[i].get(), i) < 0) child_fail(rfd, ChildFailure::kStdio, errno, nullptr);
+        }
+        // Nothing but stdio crosses into the command.
+        ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+        sigset_t none;
+        sigemptyset(&none);
+        ::sigprocmask(SIG_SETMASK, &none, nullptr);
+        ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+        const char* step = nullptr;
+        if (int rc = ns::apply_identity(identity, &step); rc != 0)
+            child_fail(rfd, ChildFailure::kIdentity, -rc, step);
+        if (::chdir(cwd.c_str()) != 0) child_fail(rfd, ChildFailure::kCwd, errno, nullptr);
+        int err = exec_with_path(argv, env);
+        child_fail(rfd, ChildFailure::kExec, err, nullptr);
+    }
+
+    // The command holds its own copies; ours would keep the daemon's pipes from seeing EOF.
+    stdio.clear();
+    report_write.reset();
+    ChildFailure failure{};
+    ssize_t got;
+    do {
+        got = ::read(report_read.get(), &failure, sizeof failure);
+    } while (got < 0 && errno == EINTR);
+    if (got == static_cast<ssize_t>(sizeof failure)) {
+        ::waitpid(pid, nullptr, 0);
+        const std::string why = strerror(failure.err);
+        switch (failure.stage) {
+            case ChildFailure::kCwd:
+                fail(conn, failure.err == ENOENT ? kNotFound
+                           : failure.err == EACCES ? kPermissionDenied
+                                                  : kInvalidArgument,
+                     "working directory '" + cwd + "': " + why);
+            case ChildFailure::kExec:
+                if (failure.err == ENOENT)
+                    fail(conn, kNotFound,
+                         "executable '" + argv[0] + "' not found" +
+                             (argv[0].find('/') == std::string::npos
+                                  ? " in PATH (" + env_value(env, "PATH") + ")"
+                                  : std::string()));
+                fail(conn, failure.err == EACCES ? kPermissionDenied : kInvalidArgument,
+                     "exec '" + argv[0] + "': " + why);
+            case ChildFailure::kIdentity:
+                fail(conn, kInternal,
+                     std::string("setting up user ") + std::to_string(identity.uid) + " (" +
+                         failure.detail + "): " + why);
+            case ChildFailure::kSeccomp:
+                fail(conn, kInternal, "installing the seccomp filter: " + why);
+            case ChildFailure::kStdio:
+                fail(conn, kInternal, "setting up stdio: " + why);
+        }
+    }
+    report_read.reset();
+
+    v1::init::FromSandbox started;
+    started.mutable_started()->set_pid(pid);
+    send(conn, started);
+
+    int main_status = 0;
+    bool main_done = false, killed = false;
+    while (!main_done) {
+        pollfd fds[2] = {{conn, POLLIN, 0}, {children.get(), POLLIN, 0}};
+        if (::poll(fds, 2, -1) < 0) continue;
+        if (fds[1].revents & POLLIN) {
+            signalfd_siginfo info;
+            while (::read(children.get(), &info, sizeof info) == sizeof info) {
+            }
+            int st;
+            pid_t reaped;
+            while ((reaped = ::waitpid(-1, &st, WNOHANG)) > 0) {
+                if (reaped == pid) {
+                    main_status = st;
+                    main_done = true;
+                }
+            }
+        }
+        if (!main_done && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+            v1::init::ToSandbox msg;
+            wire::ReadStatus rs;
+            try {
+                rs = wire::read_frame(conn, msg, wire::kInitMaxFrame);
+            } catch (const std::exception&) {
+                rs = wire::ReadStatus::eof;
+            }
+            if (rs == wire::ReadStatus::ok && msg.has_signal() &&
+                msg.signal().signal() != SIGKILL) {
+                ::kill(pid, msg.signal().signal());
+                continue;
+            }
+            // SIGKILL asked for, the daemon gone, or garbage: end everything the exec started.
+            killed = true;
+            kill_tree(pid, &main_status);
+            main_done = true;
+            if (rs != wire::ReadStatus::ok) ::_exit(0);
+        }
+    }
+
+    v1::init::FromSandbox exited;
+    auto* e = exited.mutable_exited();
+    if (WIFSIGNALED(main_status)) {
+        e->set_signal(WTERMSIG(main_status));
+    } else {
+        e->set_exit_code(WEXITSTATUS(main_status));
+    }
+    e->set_killed_by_request(killed);
+    send(conn, exited);
+    ::_exit(0);
+}
+
+}  // namespace berth::init

@@ -1,0 +1,58 @@
+#include "ns/idmap.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+
+using namespace berth::ns;
+
+namespace {
+
+std::string write_temp(const std::string& text) {
+    char path[] = "/tmp/berth-idmap-XXXXXX";
+    int fd = ::mkstemp(path);
+    EXPECT_GE(fd, 0);
+    ::close(fd);
+    std::ofstream(path) << text;
+    return path;
+}
+
+}  // namespace
+
+TEST(IdMap, FindsRangeByNameOrUid) {
+    auto file = write_temp("# comment\nalice:100000:65536\nbad line\n1001:300000:1000\n");
+    auto a = find_subordinate_range(file, "alice", 1000);
+    ASSERT_TRUE(a);
+    EXPECT_EQ(a->host_start, 100000u);
+    EXPECT_EQ(a->count, 65536u);
+    auto b = find_subordinate_range(file, "bob", 1001);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b->host_start, 300000u);
+    EXPECT_FALSE(find_subordinate_range(file, "carol", 1002));
+    ::unlink(file.c_str());
+}
+
+TEST(IdMap, RejectsMalformedAndEmptyRanges) {
+    auto file = write_temp("alice:abc:65536\nalice:5:0\nalice:4294967295:2\n");
+    EXPECT_FALSE(find_subordinate_range(file, "alice", 1000));
+    ::unlink(file.c_str());
+}
+
+TEST(IdMap, MissingUserErrorSaysHowToFix) {
+    auto file = write_temp("alice:100000:65536\n");
+    try {
+        mapping_for_user("nobody-here", 4242, file, file);
+        FAIL() << "expected an error";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("usermod --add-subuids"), std::string::npos);
+    }
+    ::unlink(file.c_str());
+}
+
+TEST(IdMap, MapLineCapsAt65536) {
+    auto file = write_temp("alice:100000:1000000\n");
+    auto m = mapping_for_user("alice", 1000, file, file);
+    EXPECT_EQ(map_line(m.uids), "0 100000 65536\n");
+    ::unlink(file.c_str());
+}
