@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 
 #include <CLI/CLI.hpp>
+#include <cstring>
 #include <iostream>
 
 #include "base/error.h"
@@ -35,6 +36,8 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
 
     ::prctl(PR_SET_NAME, "berth-helper");
+    // argv strings are contiguous; their span is what a sandbox's init may overwrite.
+    helper::set_process_title_area(argv[0], static_cast<size_t>(argv[argc - 1] + std::strlen(argv[argc - 1]) - argv[0]));
     // Sandbox inits are reaped by the kernel; we follow them by pidfd.
     ::signal(SIGCHLD, SIG_IGN);
     ::signal(SIGPIPE, SIG_IGN);

@@ -73,6 +73,15 @@ void close_all_except(std::vector<int> keep) {
     ::syscall(SYS_close_range, next, ~0U, 0U);
 }
 
+char* g_title_start = nullptr;
+size_t g_title_length = 0;
+
+void set_title(const char* title) {
+    if (!g_title_start || g_title_length == 0) return;
+    std::memset(g_title_start, 0, g_title_length);
+    std::strncpy(g_title_start, title, g_title_length - 1);
+}
+
 struct ChildPlan {
     int go;
     int ready;
@@ -98,6 +107,7 @@ void report(int fd, const std::string& text) {
         char byte;
         if (::read(plan.go, &byte, 1) != 1) ::_exit(1);  // the helper gave up on us
         ::close(plan.go);
+        set_title("berth-init");
         // Our id maps are written now: become root of the new user namespace.
         check_sys("setresgid", "0", [] { return ::setresgid(0, 0, 0); });
         check_sys("setresuid", "0", [] { return ::setresuid(0, 0, 0); });
@@ -139,6 +149,11 @@ struct SandboxFactory::Live {
     UniqueFd pidfd;
     std::unique_ptr<cgroup::Cgroup> cgroup;
 };
+
+void set_process_title_area(char* start, size_t length) {
+    g_title_start = start;
+    g_title_length = length;
+}
 
 bool valid_sandbox_id(const std::string& id) {
     return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) {

@@ -56,6 +56,10 @@ private:
     std::map<std::string, std::unique_ptr<Live>> live_;
 };
 
+// The helper's argv memory: each sandbox's init overwrites its copy so that /proc/1/cmdline
+// inside reads "berth-init", not the helper's command line with host paths.
+void set_process_title_area(char* start, size_t length);
+
 // [0-9a-f]{32}: ids become path components, so nothing else is accepted.
 bool valid_sandbox_id(const std::string& id);
 
