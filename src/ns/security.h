@@ -73,6 +73,11 @@ struct ProcessIdentity {
 };
 int apply_identity(const ProcessIdentity& id, const char** failed_step) noexcept;
 
+// Reduces the bounding set of this process to `capabilities`, once, so that children's
+// apply_identity() with the same list skips that step (berth-init calls it at start).
+int restrict_bounding_set(const std::vector<std::string>& capabilities,
+                          const char** failed_step) noexcept;
+
 // Raises RLIMIT_NOFILE for this process (and so its children) to min(hard limit, 1<<20)
 // for both soft and hard: Docker's 1024 breaks real workloads, and without
 // CAP_SYS_RESOURCE the hard limit is the ceiling. The kernel also refuses anything above

@@ -123,13 +123,14 @@ void report(int fd, const std::string& text) {
         int null = check_sys("open", "/dev/null", [] { return ::open("/dev/null", O_RDWR); });
         for (int i = 0; i < 3; ++i) ::dup2(null, i);
         if (null > 2) ::close(null);
+        init::harden_init(*plan.seccomp);
         report(plan.ready, "ok");
         ::close(plan.ready);
     } catch (const std::exception& e) {
         report(plan.ready, e.what());
         ::_exit(1);
     }
-    init::run_init(UniqueFd(plan.control), *plan.seccomp);
+    init::run_init(UniqueFd(plan.control));
 }
 
 // Kills a sandbox's init (and so its whole pid namespace) and waits until it is gone.

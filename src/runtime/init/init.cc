@@ -8,20 +8,27 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/error.h"
 #include "runtime/init/exec_shim.h"
 
 namespace berth::init {
 
-[[noreturn]] void run_init(UniqueFd control, const ns::SeccompProgram& seccomp) {
-    ::prctl(PR_SET_NAME, "berth-init");
-    // Not dumpable: processes in the sandbox cannot ptrace init or read its memory.
-    ::prctl(PR_SET_DUMPABLE, 0);
+void harden_init(const ns::SeccompProgram& seccomp) {
     // The seccomp filter goes on here, once: every shim and command inherits it, so an exec
     // pays nothing for it (installing a filter costs 0.1-0.5 ms). init needs none of the
     // calls it denies; as root of its user namespace it may install it without
     // no_new_privs, which each command still gets from apply_identity().
-    if (int rc = seccomp.install(); rc != 0) ::_exit(120);
+    if (int rc = seccomp.install(); rc != 0) throw SysError("seccomp install", "berth-init", -rc);
+    // Likewise the capability bounding set, which every exec'd command gets anyway.
+    const char* step = nullptr;
+    if (int rc = ns::restrict_bounding_set(ns::default_capability_names(), &step); rc != 0)
+        throw SysError(step ? step : "restrict_bounding_set", "berth-init", -rc);
+}
 
+[[noreturn]] void run_init(UniqueFd control) {
+    ::prctl(PR_SET_NAME, "berth-init");
+    // Not dumpable: processes in the sandbox cannot ptrace init or read its memory.
+    ::prctl(PR_SET_DUMPABLE, 0);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);

@@ -11,8 +11,13 @@
 
 namespace berth::init {
 
+// Puts the sandbox-wide security defaults on the calling process (the future init), so that
+// every process forked from it inherits them: the seccomp filter and the capability
+// bounding set. Throws SysError.
+void harden_init(const ns::SeccompProgram& seccomp);
+
 // Never returns. `control` is a listening Unix socket created (and permission-restricted)
 // by the helper before the sandbox's namespaces were entered.
-[[noreturn]] void run_init(UniqueFd control, const ns::SeccompProgram& seccomp);
+[[noreturn]] void run_init(UniqueFd control);
 
 }  // namespace berth::init
