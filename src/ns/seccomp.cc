@@ -99,6 +99,10 @@ constexpr const char* kDenied[] = {
     "ustat",
     "sysfs",
     "_sysctl",
+    // io_uring performs I/O outside the syscall filter's view; Docker blocks it too.
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
 };
 
 // Namespace creation flags. unshare(2) takes all of them; for clone(2) the low byte of flags

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/syscall.h>
@@ -53,7 +54,7 @@ void send(int conn, const v1::init::FromSandbox& msg) {
 
 // What the command's child reports through its close-on-exec pipe when it cannot exec.
 struct ChildFailure {
-    enum Stage : int { kStdio, kIdentity, kCwd, kSeccomp, kExec } stage;
+    enum Stage : int { kStdio, kIdentity, kCwd, kExec } stage;
     int err;
     char detail[96];
 };
@@ -82,33 +83,70 @@ bool has_key(const std::vector<std::string>& env, std::string_view key) {
     return false;
 }
 
-// execve with a PATH search over the *new* environment's PATH (execvpe would use ours).
-int exec_with_path(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
-    std::vector<char*> args, envp;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
+// Everything the command's child needs, built before it is cloned: with CLONE_VM the child
+// runs on our memory, so it should do as little as it can — syscalls, no allocation.
+struct CommandPlan {
+    std::vector<std::string> candidates;  // paths to try, in PATH order
+    std::vector<char*> argv, envp;
+    const UniqueFd* stdio;
+    const ns::ProcessIdentity* identity;
+    const char* cwd;
+    int report_fd;
+};
 
+CommandPlan plan_command(std::vector<std::string>& argv, std::vector<std::string>& env) {
+    CommandPlan plan{};
+    for (auto& a : argv) plan.argv.push_back(a.data());
+    plan.argv.push_back(nullptr);
+    for (auto& e : env) plan.envp.push_back(e.data());
+    plan.envp.push_back(nullptr);
     const std::string& file = argv[0];
     if (file.find('/') != std::string::npos) {
-        ::execve(file.c_str(), args.data(), envp.data());
-        return errno;
+        plan.candidates.push_back(file);
+        return plan;
     }
-    std::string path = env_value(env, "PATH");
-    int saw = ENOENT;
+    // A PATH search over the *command's* PATH (execvpe would use ours).
+    const std::string path = env_value(env, "PATH");
     size_t start = 0;
     for (;;) {
         size_t end = path.find(':', start);
         std::string dir = path.substr(start, end == std::string::npos ? end : end - start);
-        std::string candidate = (dir.empty() ? "." : dir) + "/" + file;
-        ::execve(candidate.c_str(), args.data(), envp.data());
-        if (errno == EACCES) saw = EACCES;  // keep looking, but report it if nothing else runs
-        else if (errno != ENOENT && errno != ENOTDIR) return errno;
+        plan.candidates.push_back((dir.empty() ? "." : dir) + "/" + file);
         if (end == std::string::npos) break;
         start = end + 1;
     }
-    return saw;
+    return plan;
+}
+
+// The command's child: cloned with CLONE_VM|CLONE_VFORK, so the shim sleeps until this
+// execs or exits, and no page tables are copied (a fork here costs 0.5-2 ms on small VMs).
+int command_child(void* arg) {
+    const CommandPlan& plan = *static_cast<const CommandPlan*>(arg);
+    const int rfd = plan.report_fd;
+    ::setsid();
+    for (int i = 0; i < 3; ++i) {
+        if (::dup2(plan.stdio[i].get(), i) < 0) child_fail(rfd, ChildFailure::kStdio, errno, nullptr);
+    }
+    // Nothing but stdio crosses into the command.
+    ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+    const char* step = nullptr;
+    if (int rc = ns::apply_identity(*plan.identity, &step); rc != 0)
+        child_fail(rfd, ChildFailure::kIdentity, -rc, step);
+    if (::chdir(plan.cwd) != 0) child_fail(rfd, ChildFailure::kCwd, errno, nullptr);
+    int saw = ENOENT;
+    for (const std::string& candidate : plan.candidates) {
+        ::execve(candidate.c_str(), plan.argv.data(), plan.envp.data());
+        if (errno == EACCES) saw = EACCES;  // keep looking, but report it if nothing runs
+        else if (errno != ENOENT && errno != ENOTDIR) {
+            saw = errno;
+            break;
+        }
+    }
+    child_fail(rfd, ChildFailure::kExec, saw, nullptr);
 }
 
 // Children of `pid` (all its threads), from /proc.
@@ -216,30 +254,20 @@ void kill_tree(pid_t main_pid, int* main_status) {
     ::sigprocmask(SIG_BLOCK, &chld, nullptr);
     UniqueFd children(::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK));
 
-    pid_t pid = ::fork();
+    CommandPlan plan = plan_command(argv, env);
+    plan.stdio = stdio.data();
+    plan.identity = &identity;
+    plan.cwd = cwd.c_str();
+    plan.report_fd = report_write.get();
+    // The child's own stack: it must not scribble on ours while we wait for it.
+    constexpr size_t kStackSize = 256 * 1024;
+    std::vector<char> stack(kStackSize);
+    pid_t pid = ::clone(command_child, stack.data() + stack.size(), CLONE_VM | CLONE_VFORK | SIGCHLD,
+                        &plan);
     if (pid < 0) {
         fail(conn, errno == EAGAIN ? kResourceExhausted : kInternal,
-             "fork: " + std::string(strerror(errno)) +
+             "clone: " + std::string(strerror(errno)) +
                  (errno == EAGAIN ? " (the sandbox's pids limit?)" : ""));
-    }
-    if (pid == 0) {
-        const int rfd = report_write.get();
-        ::setsid();
-        for (int i = 0; i < 3; ++i) {
-            if (::dup2(stdio[i].get(), i) < 0) child_fail(rfd, ChildFailure::kStdio, errno, nullptr);
-        }
-        // Nothing but stdio crosses into the command.
-        ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
-        sigset_t none;
-        sigemptyset(&none);
-        ::sigprocmask(SIG_SETMASK, &none, nullptr);
-        ::prctl(PR_SET_CHILD_SUBREAPER, 0);
-        const char* step = nullptr;
-        if (int rc = ns::apply_identity(identity, &step); rc != 0)
-            child_fail(rfd, ChildFailure::kIdentity, -rc, step);
-        if (::chdir(cwd.c_str()) != 0) child_fail(rfd, ChildFailure::kCwd, errno, nullptr);
-        int err = exec_with_path(argv, env);
-        child_fail(rfd, ChildFailure::kExec, err, nullptr);
     }
 
     // The command holds its own copies; ours would keep the daemon's pipes from seeing EOF.
@@ -272,8 +300,6 @@ void kill_tree(pid_t main_pid, int* main_status) {
                 fail(conn, kInternal,
                      std::string("setting up user ") + std::to_string(identity.uid) + " (" +
                          failure.detail + "): " + why);
-            case ChildFailure::kSeccomp:
-                fail(conn, kInternal, "installing the seccomp filter: " + why);
             case ChildFailure::kStdio:
                 fail(conn, kInternal, "setting up stdio: " + why);
         }

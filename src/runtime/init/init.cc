@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "base/error.h"
 #include "runtime/init/exec_shim.h"
 
@@ -25,15 +27,88 @@ void harden_init(const ns::SeccompProgram& seccomp) {
         throw SysError(step ? step : "restrict_bounding_set", "berth-init", -rc);
 }
 
+namespace {
+
+// Passes one fd over a Unix socket.
+bool send_fd(int channel, int fd) {
+    char byte = 'c';
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    return ::sendmsg(channel, &mh, MSG_NOSIGNAL) == 1;
+}
+
+int receive_fd(int channel) {
+    char byte;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    ssize_t n;
+    do {
+        n = ::recvmsg(channel, &mh, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n != 1) return -1;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
+    int fd;
+    std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
+// A shim forked ahead of need, waiting for its connection: forking is the costliest step of
+// an exec on a small VM (0.5-2 ms), so init does it while the sandbox is idle, not while a
+// client waits.
+struct SpareShim {
+    pid_t pid = -1;
+    UniqueFd channel;
+};
+
+SpareShim fork_spare(int control, int children, const sigset_t& blocked) {
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) return {};
+    UniqueFd ours(pair[0]), theirs(pair[1]);
+    pid_t pid = ::fork();
+    if (pid < 0) return {};  // pids limit or memory: the next exec forks on demand
+    if (pid == 0) {
+        ::close(control);
+        ::close(children);
+        ours.reset();
+        ::sigprocmask(SIG_UNBLOCK, &blocked, nullptr);
+        ::prctl(PR_SET_NAME, "berth-spare");
+        int conn = receive_fd(theirs.get());
+        if (conn < 0) ::_exit(0);  // init is replacing us, or going away
+        theirs.reset();
+        run_exec_shim(UniqueFd(conn));
+    }
+    return {pid, std::move(ours)};
+}
+
+}  // namespace
+
 [[noreturn]] void run_init(UniqueFd control) {
     ::prctl(PR_SET_NAME, "berth-init");
     // Not dumpable: processes in the sandbox cannot ptrace init or read its memory.
     ::prctl(PR_SET_DUMPABLE, 0);
+
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGCHLD);
     ::sigprocmask(SIG_BLOCK, &mask, nullptr);
     UniqueFd children(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+    SpareShim spare = fork_spare(control.get(), children.get(), mask);
 
     for (;;) {
         pollfd fds[2] = {{control.get(), POLLIN, 0}, {children.get(), POLLIN, 0}};
@@ -46,21 +121,31 @@ void harden_init(const ns::SeccompProgram& seccomp) {
             }
         }
         // Reap every exited process: shims, and orphans re-parented to PID 1.
-        while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+        pid_t reaped;
+        while ((reaped = ::waitpid(-1, nullptr, WNOHANG)) > 0) {
+            if (reaped == spare.pid) spare = {};
         }
 
         if (fds[0].revents & POLLIN) {
             int conn = ::accept4(control.get(), nullptr, nullptr, SOCK_CLOEXEC);
             if (conn < 0) continue;
             UniqueFd connection(conn);
-            pid_t shim = ::fork();
-            if (shim == 0) {
-                control.reset();
-                children.reset();
-                ::sigprocmask(SIG_UNBLOCK, &mask, nullptr);
-                run_exec_shim(std::move(connection));
+            if (spare.pid > 0 && send_fd(spare.channel.get(), connection.get())) {
+                spare = {};
+            } else {
+                pid_t shim = ::fork();
+                if (shim == 0) {
+                    control.reset();
+                    children.reset();
+                    spare.channel.reset();
+                    ::sigprocmask(SIG_UNBLOCK, &mask, nullptr);
+                    run_exec_shim(std::move(connection));
+                }
+                // On fork failure (pids limit, memory) the connection closes: the daemon
+                // reports it.
             }
-            // On fork failure (pids limit, memory) the connection closes: the daemon reports it.
+            connection.reset();
+            if (spare.pid < 0) spare = fork_spare(control.get(), children.get(), mask);
         }
     }
 }
