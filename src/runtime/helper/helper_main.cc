@@ -108,5 +108,11 @@ int main(int argc, char** argv) {
             std::cerr << "berth-helper: " << e.what() << std::endl;
             return 1;
         }
+        try {
+            factory->run_deferred();
+        } catch (const std::exception& e) {
+            std::cerr << "berth-helper: after request " << request.id() << ": " << e.what()
+                      << std::endl;
+        }
     }
 }

@@ -105,16 +105,12 @@ void report(int fd, const std::string& text) {
         ::signal(SIGPIPE, SIG_DFL);
         close_all_except({0, 1, 2, plan.go, plan.ready, plan.control, plan.overlay});
         char byte;
-        if (::read(plan.go, &byte, 1) != 1) ::_exit(1);  // the helper gave up on us
-        ::close(plan.go);
+        if (::read(plan.go, &byte, 1) != 1 || byte != 'g') ::_exit(1);  // the helper gave up
         set_title("berth-init");
         // Our id maps are written now: become root of the new user namespace.
         check_sys("setresgid", "0", [] { return ::setresgid(0, 0, 0); });
         check_sys("setresuid", "0", [] { return ::setresuid(0, 0, 0); });
         check_sys("setgroups", "[]", [] { return ::setgroups(0, nullptr); });
-        // The cgroup namespace is made after the helper moved us into our cgroup, so the
-        // sandbox sees its own cgroup as the root.
-        check_sys("unshare", "CLONE_NEWCGROUP", [] { return ::unshare(CLONE_NEWCGROUP); });
         check_sys("sethostname", plan.hostname,
                   [&] { return ::sethostname(plan.hostname.data(), plan.hostname.size()); });
         ns::bring_up_loopback();
@@ -123,6 +119,12 @@ void report(int fd, const std::string& text) {
         int null = check_sys("open", "/dev/null", [] { return ::open("/dev/null", O_RDWR); });
         for (int i = 0; i < 3; ++i) ::dup2(null, i);
         if (null > 2) ::close(null);
+        // The helper moved us into our cgroup meanwhile (v1); once it says so, the cgroup
+        // namespace is made, so the sandbox sees its own cgroup as the root. No sandbox
+        // process exists before this point, so none escapes the limits.
+        if (::read(plan.go, &byte, 1) != 1 || byte != 'a') ::_exit(1);
+        ::close(plan.go);
+        check_sys("unshare", "CLONE_NEWCGROUP", [] { return ::unshare(CLONE_NEWCGROUP); });
         init::harden_init(*plan.seccomp);
         report(plan.ready, "ok");
         ::close(plan.ready);
@@ -142,6 +144,28 @@ void kill_and_wait(int pidfd, const std::string& id) {
     int n = check_sys("poll", "pidfd of " + id, [&] { return ::poll(&pfd, 1, 10000); });
     if (n == 0) throw HelperError(kUnavailable, "init of sandbox " + id + " did not exit within 10 s");
 }
+
+// Step timings of a create, printed to stderr when BERTH_HELPER_TRACE is set: where the
+// milliseconds of a create go, on the host at hand.
+class StepTimer {
+public:
+    StepTimer() : enabled_(std::getenv("BERTH_HELPER_TRACE") != nullptr) {}
+    void mark(const char* step) {
+        if (!enabled_) return;
+        auto now = std::chrono::steady_clock::now();
+        line_ += std::string(" ") + step + "=" +
+                 std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(now - last_).count()) + "us";
+        last_ = now;
+    }
+    ~StepTimer() {
+        if (enabled_) std::fprintf(stderr, "berth-helper: create%s\n", line_.c_str());
+    }
+
+private:
+    bool enabled_;
+    std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+    std::string line_;
+};
 
 }  // namespace
 
@@ -219,6 +243,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         }
     } undo{this, run, state, live.get(), &committed};
 
+    StepTimer timer;
     make_dirs(run, 0711);
     make_dirs(run + "/rootfs", 0755);
     make_dirs(state, 0700);
@@ -233,10 +258,13 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     if (req.limits().memory_bytes()) limits.memory_bytes = req.limits().memory_bytes();
     if (req.limits().cpus() > 0) limits.cpus = req.limits().cpus();
     if (req.limits().pids()) limits.pids = req.limits().pids();
+    timer.mark("dirs");
     live->cgroup = driver_->create(id, limits);
+    timer.mark("cgroup");
 
     const std::string socket_path = run + "/init.sock";
     UniqueFd control = listen_unix(socket_path, config_.daemon_uid, config_.daemon_gid);
+    timer.mark("socket");
     UniqueFd lower = ns::make_idmapped_tree(rootfs, template_userns_.get());
     UniqueFd overlay = ns::make_overlay(lower.get(), upper, work);
     lower.reset();
@@ -260,6 +288,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         args.flags |= CLONE_INTO_CGROUP;
         args.cgroup = static_cast<uint64_t>(cg);
     }
+    timer.mark("overlay");
     pid_t pid = static_cast<pid_t>(
         check_sys("clone3", "sandbox " + id, [&] { return ::syscall(SYS_clone3, &args, sizeof args); }));
     if (pid == 0) sandbox_child(plan);
@@ -271,9 +300,15 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     control.reset();
     overlay.reset();
 
+    timer.mark("clone");
     ns::write_id_maps(pid, config_.mapping);
-    if (live->cgroup->clone_into_fd() < 0) live->cgroup->attach(pid);
+    timer.mark("idmap");
+    // The child builds its root filesystem while we attach it to its cgroup (on v1 the
+    // first cgroup.procs write waits for an RCU grace period: 0.2-2 ms).
     check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "g", 1); });
+    if (live->cgroup->clone_into_fd() < 0) live->cgroup->attach(pid);
+    timer.mark("attach");
+    check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "a", 1); });
 
     char buf[1024];
     std::string answer;
@@ -283,6 +318,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         if (n <= 0) break;
         answer.append(buf, static_cast<size_t>(n));
     }
+    timer.mark("child_setup");
     if (answer != "ok") {
         throw HelperError(kInternal, "setting up sandbox " + id + " failed: " +
                                          (answer.empty() ? "its init died" : answer));
@@ -306,10 +342,20 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         {"rootfs", rootfs},
         {"hostname", req.hostname()},
     };
-    write_file_atomic(run + "/state.json", state_json.dump(), 0644);
+    // Written after the reply is sent (run_deferred): it is only read by a daemon that
+    // restarts, and a file write is a good part of a create's time.
+    deferred_ = [path = run + "/state.json", text = state_json.dump()] {
+        write_file_atomic(path, text, 0644);
+    };
     committed = true;
     live_[id] = std::move(live);
     return created;
+}
+
+void SandboxFactory::run_deferred() {
+    auto work = std::move(deferred_);
+    deferred_ = nullptr;
+    if (work) work();
 }
 
 void SandboxFactory::destroy(const std::string& id) {

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,9 @@ public:
     // A sandbox this helper did not create (a previous helper did) is found by its state file.
     void destroy(const std::string& id);
 
+    // Work that may wait until the reply has been sent (the state file of a new sandbox).
+    void run_deferred();
+
     cgroup::Version cgroup_version() const { return driver_->version(); }
 
 private:
@@ -54,6 +58,7 @@ private:
     UniqueFd template_userns_;
     ns::SeccompProgram seccomp_;
     std::map<std::string, std::unique_ptr<Live>> live_;
+    std::function<void()> deferred_;
 };
 
 // The helper's argv memory: each sandbox's init overwrites its copy so that /proc/1/cmdline
