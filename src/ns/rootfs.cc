@@ -20,8 +20,6 @@ namespace berth::ns {
 
 namespace {
 
-std::string fd_path(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
-
 // Host device nodes that a sandbox may use. Creating device nodes needs CAP_MKNOD in the
 // initial user namespace, so they are bind mounts of the host's nodes instead.
 constexpr std::array<const char*, 6> kDevices = {"null", "zero", "full", "random", "urandom",
@@ -156,16 +154,27 @@ UniqueFd make_idmapped_tree(const std::string& dir, int userns_fd) {
     return tree;
 }
 
-UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string& work) {
-    // The lower layer is a detached mount: name it through our fd table.
-    const std::string lower = fd_path(lower_fd);
-    return new_filesystem("overlay",
-                          {{"lowerdir", lower.c_str()},
-                           {"upperdir", upper.c_str()},
-                           {"workdir", work.c_str()},
-                           {"index", "off"},
-                           {"metacopy", "off"}},
-                          0);
+UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string& work,
+                      const std::string& staging_dir) {
+    // Kernels before 6.5 cannot take a detached mount as a layer ("failed to clone
+    // lowerpath"): attach it in our (the helper's private) mount namespace for as long as
+    // the overlay takes to make, which holds its own clone of it afterwards.
+    attach(lower_fd, staging_dir);
+    UniqueFd overlay;
+    try {
+        overlay = new_filesystem("overlay",
+                                 {{"lowerdir", staging_dir.c_str()},
+                                  {"upperdir", upper.c_str()},
+                                  {"workdir", work.c_str()},
+                                  {"index", "off"},
+                                  {"metacopy", "off"}},
+                                 0);
+    } catch (...) {
+        ::umount2(staging_dir.c_str(), MNT_DETACH);
+        throw;
+    }
+    check_sys("umount2", staging_dir, [&] { return ::umount2(staging_dir.c_str(), MNT_DETACH); });
+    return overlay;
 }
 
 void enter_rootfs(int overlay_fd, const std::string& mountpoint) {

@@ -23,7 +23,10 @@ UniqueFd make_userns_fd(const IdMapping& mapping);
 UniqueFd make_idmapped_tree(const std::string& dir, int userns_fd);
 
 // A detached overlay mount: lower = the (detached) tree `lower_fd`, upper/work = dirs.
-UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string& work);
+// `staging_dir` is an empty directory where the lower tree is attached while the overlay
+// is made (then detached again).
+UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string& work,
+                      const std::string& staging_dir);
 
 // --- Sandbox side (root of the sandbox's user namespace, in its new mount namespace) ---
 

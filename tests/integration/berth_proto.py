@@ -244,16 +244,19 @@ class Connection:
         self.request("cancel", pb.Cancel(), request_id=request_id)
 
     def collect_exec(self, request_id: int, timeout: Optional[float] = None,
-                     until_stdout: Optional[bytes] = None, result: Optional[ExecResult] = None
-                     ) -> ExecResult:
+                     until_stdout: Optional[bytes] = None, result: Optional[ExecResult] = None,
+                     until_started: bool = False) -> ExecResult:
         """Reads the exec's frames until ExecExit or Error (or, with until_stdout, until stdout
-        contains those bytes; call again with the same result to continue)."""
+        contains those bytes; with until_started, until ExecStarted; call again with the same
+        result to continue)."""
         res = result or ExecResult()
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         kept = []
         try:
             while True:
                 if until_stdout is not None and until_stdout in res.stdout:
+                    return res
+                if until_started and res.started_pid is not None:
                     return res
                 msg = self.recv_msg(timeout=max(0.01, deadline - time.monotonic()))
                 if msg is None:

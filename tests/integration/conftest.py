@@ -294,11 +294,24 @@ def _force_remove_cgroup(path: Path):
             time.sleep(0.05)
 
 
-def _daemon_fixture(base_dir, **kw):
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    # Lets fixtures see whether their test failed (item.rep_call).
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+def _daemon_fixture(base_dir, node=None, **kw):
     d = Daemon(base_dir, **kw)
     d.start()
     yield d
     problems = d.cleanup()
+    rep = getattr(node, "rep_call", None) if node is not None else None
+    if problems and rep is not None and rep.failed:
+        # The test failed already; what it left behind is a consequence, not a second error.
+        print("daemon teardown after a failed test:\n" + "\n".join(problems))
+        return
     assert not problems, "daemon teardown found problems:\n" + "\n".join(problems) + \
         f"\n--- berthd log ---\n{d.log()}"
 
@@ -310,9 +323,9 @@ def daemon(base_dir):
 
 
 @pytest.fixture
-def fresh_daemon(base_dir):
+def fresh_daemon(base_dir, request):
     """A berthd of the test's own, for tests that restart it or count what it leaves behind."""
-    yield from _daemon_fixture(base_dir)
+    yield from _daemon_fixture(base_dir, node=request.node)
 
 
 @pytest.fixture

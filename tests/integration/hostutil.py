@@ -124,3 +124,38 @@ def cgroup_procs(controller: str, parent: str, sandbox_id: str) -> List[int]:
 
 def read_int(path) -> int:
     return int(Path(path).read_text().strip())
+
+
+# berth's own processes in a sandbox when no exec runs: init (PID 1 inside) and at most one
+# idle spare shim that init forks ahead of the next exec (a direct child of init, named
+# berth-spare -- or still berth-init in the instant between its fork and its rename).
+SPARE_COMMS = ("berth-spare", "berth-init")
+
+
+def idle_spares(init_pid: int, pids) -> List[int]:
+    out = []
+    for p in pids:
+        try:
+            if p != init_pid and comm(p) in SPARE_COMMS and int(status(p)["PPid"]) == init_pid:
+                out.append(p)
+        except (FileNotFoundError, ProcessLookupError, KeyError):
+            pass
+    return out
+
+
+def workload_procs(controller: str, parent: str, sandbox_id: str, init_pid: int) -> List[int]:
+    """Host pids in a sandbox's cgroup that are neither init nor an idle spare shim: the
+    processes of execs (shims included). Raises if spares pile up."""
+    pids = [p for p in cgroup_procs(controller, parent, sandbox_id) if p != init_pid]
+    spares = idle_spares(init_pid, pids)
+    assert len(spares) <= 1, f"{len(spares)} idle spare shims in sandbox {sandbox_id}"
+    return [p for p in pids if p not in spares]
+
+
+def strip_spare(ps_output: str) -> List[str]:
+    """The sorted process names in `ps -o pid,ppid,comm` output from inside a sandbox, minus
+    at most one idle spare shim (a child of PID 1 named like SPARE_COMMS)."""
+    rows = [line.split() for line in ps_output.splitlines()[1:]]
+    spares = [r for r in rows if r[0] != "1" and r[1] == "1" and r[2] in SPARE_COMMS]
+    assert len(spares) <= 1, f"several spare shims: {ps_output}"
+    return sorted(r[2] for r in rows if r not in spares)

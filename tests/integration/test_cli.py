@@ -1,6 +1,7 @@
 """The berth CLI against a real berthd: create/exec/ps/inspect/rm, run --rm, exit codes,
 stdin, env, workdir, user, doctor, version."""
 import json
+import time
 
 import hostutil
 
@@ -64,6 +65,25 @@ def test_run_rm_leaves_nothing(daemon, busybox_rootfs):
     assert {p.name for p in (daemon.state_dir / "sandboxes").iterdir()} <= before
     assert {p.name for p in hostutil.sandbox_cgroup_dirs(daemon.cgroup_parent)} <= before
     assert {p.stem for p in (daemon.runtime_dir / "meta").iterdir()} <= before
+
+
+def test_run_rm_cleans_up_when_the_command_cannot_start(daemon, busybox_rootfs):
+    before = set(daemon.ids())
+    r = daemon.cli("run", "--rm", "--rootfs", busybox_rootfs, "--", "no-such-program")
+    assert r.returncode == 125 and "no-such-program" in r.stderr, r
+    # --rm means now, not once the lease of the dead connection runs out.
+    assert set(daemon.ids()) == before, "run --rm left its sandbox behind after a failed exec"
+
+
+def test_run_without_rm_keeps_sandbox(daemon, busybox_rootfs):
+    r = daemon.cli("run", "--rootfs", busybox_rootfs, "--name", "run-kept", "--", "echo", "hi")
+    assert r.returncode == 0 and r.stdout == "hi\n", r
+    sid = r.stderr.strip()
+    assert len(sid) == 32, r.stderr
+    time.sleep(daemon.lease + 1)  # persistent: not subject to the lease
+    assert sid in daemon.ids()
+    assert daemon.cli_ok("exec", "run-kept", "--", "echo", "again") == "again\n"
+    daemon.cli_ok("rm", sid)
 
 
 def test_exit_codes_pass_through(daemon, sandbox):

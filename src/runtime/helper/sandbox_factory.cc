@@ -266,7 +266,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     UniqueFd control = listen_unix(socket_path, config_.daemon_uid, config_.daemon_gid);
     timer.mark("socket");
     UniqueFd lower = ns::make_idmapped_tree(rootfs, template_userns_.get());
-    UniqueFd overlay = ns::make_overlay(lower.get(), upper, work);
+    UniqueFd overlay = ns::make_overlay(lower.get(), upper, work, run + "/rootfs");
     lower.reset();
 
     int go[2], ready[2];
@@ -302,6 +302,10 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
 
     timer.mark("clone");
     ns::write_id_maps(pid, config_.mapping);
+    // The OOM killer picks by process size, and memory a command puts in tmpfs or page cache
+    // belongs to no process: without this it would kill init (taking the whole sandbox)
+    // instead of the command. Each command resets its own score to 0.
+    write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-999");
     timer.mark("idmap");
     // The child builds its root filesystem while we attach it to its cgroup (on v1 the
     // first cgroup.procs write waits for an RCU grace period: 0.2-2 ms).

@@ -1,0 +1,266 @@
+"""Sandbox lifetime: daemon restarts, leases of dropped clients, and nothing left behind after
+many create/exec/delete cycles."""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import hostutil
+from berth_proto import pb
+
+
+def listed(daemon):
+    return set(daemon.ids())
+
+
+def sandbox_traces(daemon, sid):
+    """Everything of a sandbox that should be gone after its delete, as a list of leftovers."""
+    left = []
+    for c in hostutil.CGROUP_CONTROLLERS:
+        p = hostutil.cgroup_dir(c, daemon.cgroup_parent, sid)
+        if p.exists():
+            left.append(str(p))
+    for p in (daemon.runtime_dir / "sandboxes" / sid, daemon.state_dir / "sandboxes" / sid,
+              daemon.runtime_dir / "meta" / f"{sid}.json"):
+        if p.exists():
+            left.append(str(p))
+    return left
+
+
+def test_restart_keeps_persistent_sandboxes(fresh_daemon, busybox_rootfs):
+    d = fresh_daemon
+    a = d.create(busybox_rootfs, "--name", "keeper", "-m", "64m", "--pids", "77")
+    b = d.create(busybox_rootfs)
+    d.cli_ok("exec", a, "--", "sh", "-c", "echo kept > /root/marker")
+    inits = {s: d.inspect(s)["sandbox"]["init_pid"] for s in (a, b)}
+    old_pid, old_helper = d.proc.pid, d.helper_pid
+
+    d.restart()
+    assert d.proc.pid != old_pid and d.helper_pid != old_helper
+    assert not hostutil.pid_alive(old_helper)
+
+    assert listed(d) == {a, b}
+    for s in (a, b):
+        info = d.inspect(s)
+        assert info["sandbox"]["init_pid"] == inits[s]
+        assert info["sandbox"]["state"] == "running"
+        assert info["sandbox"]["persistent"] is True
+        assert hostutil.pid_alive(inits[s])
+    # What only the daemon knew (name, limits) survived too.
+    info = d.inspect("keeper")
+    assert info["sandbox"]["id"] == a
+    assert info["sandbox"]["resources"]["pids"] == "77"
+    assert int(info["stats"]["pids"]) >= 1
+    # Both still exec, with their state.
+    assert d.cli_ok("exec", "keeper", "--", "cat", "/root/marker") == "kept\n"
+    assert d.cli_ok("exec", b, "--", "echo", "b") == "b\n"
+    # And the new daemon (and helper) can delete what the old one made.
+    d.cli_ok("rm", a, b)
+    assert listed(d) == set()
+    for s in (a, b):
+        assert not sandbox_traces(d, s), sandbox_traces(d, s)
+        assert not hostutil.pid_alive(inits[s])
+
+
+def test_restart_twice_in_a_row(fresh_daemon, busybox_rootfs):
+    d = fresh_daemon
+    a = d.create(busybox_rootfs)
+    d.restart()
+    d.restart()
+    assert listed(d) == {a}
+    assert d.cli_ok("exec", a, "--", "echo", "ok") == "ok\n"
+
+
+def test_exec_in_flight_when_daemon_dies_is_killed(fresh_daemon, busybox_rootfs):
+    """With berthd gone, nobody can collect the exec's output or end it: the shim kills its
+    tree rather than leave it running unaccounted."""
+    from conftest import BERTH
+    d = fresh_daemon
+    sid = d.create(busybox_rootfs)
+    p = subprocess.Popen([str(BERTH), "exec", sid, "--", "sh", "-c",
+                          "setsid sleep 1000 & sleep 1000 & echo ready; wait"],
+                         env={"BERTH_SOCKET": d.socket}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline() == "ready\n"
+        init = d.inspect(sid)["sandbox"]["init_pid"]
+        assert len(hostutil.descendants(init)) >= 4
+        d.kill()
+        r = p.wait(timeout=10)
+        assert r == 125  # the CLI lost its daemon
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    hostutil.wait_for(lambda: not hostutil.descendants(init), 5,
+                      what="the exec's tree to be killed once berthd was gone")
+    assert hostutil.pid_alive(init), "the sandbox itself must survive its daemon"
+    d.start()
+    r = d.cli("rm", sid)
+    assert r.returncode == 0, f"the restarted daemon cannot delete the sandbox: {r.stderr}"
+    assert not sandbox_traces(d, sid)
+
+
+def test_dropped_client_sandbox_removed_after_lease(fresh_daemon, busybox_rootfs):
+    d = fresh_daemon
+    c = d.connect()
+    sb = c.create(busybox_rootfs, persistent=False)
+    assert not sb.persistent
+    # A background process that outlives its exec: the lease must take it down too.
+    c.exec(sb.id, ["sh", "-c", "sleep 1000 &"]).check()
+    bg = hostutil.wait_for(lambda: [p for p in hostutil.descendants(sb.init_pid)
+                                    if hostutil.comm(p) == "sleep"], 5, what="the sleep")[0]
+    assert sb.id in listed(d)
+    c.close()
+    t0 = time.monotonic()
+    hostutil.wait_for(lambda: sb.id not in listed(d), d.lease + 5, interval=0.1,
+                      what=f"the dropped client's sandbox to go after its {d.lease} s lease")
+    elapsed = time.monotonic() - t0
+    assert elapsed >= d.lease - 0.5, f"removed after {elapsed:.2f} s: before its lease ran out"
+    hostutil.wait_for(lambda: not sandbox_traces(d, sb.id), 5,
+                      what=f"traces of {sb.id} to go: {sandbox_traces(d, sb.id)}")
+    assert not hostutil.pid_alive(sb.init_pid)
+    assert not hostutil.pid_alive(bg)
+
+
+def test_connected_client_keeps_sandbox_past_lease(fresh_daemon, busybox_rootfs):
+    d = fresh_daemon
+    with d.connect() as c:
+        sb = c.create(busybox_rootfs, persistent=False)
+        time.sleep(d.lease + 1.5)
+        assert sb.id in listed(d)
+        assert c.exec(sb.id, ["echo", "still here"]).check().out == "still here\n"
+        time.sleep(1.0)
+        assert sb.id in listed(d)
+        # Made persistent, it outlives the connection.
+        c.call("set_persistent", pb.SetPersistent(sandbox=sb.id, persistent=True))
+    time.sleep(d.lease + 1.5)
+    assert sb.id in listed(d)
+    assert d.inspect(sb.id)["sandbox"]["persistent"] is True
+    assert d.cli_ok("exec", sb.id, "--", "true") == ""
+
+
+def test_other_clients_do_not_extend_lease(fresh_daemon, busybox_rootfs):
+    d = fresh_daemon
+    c = d.connect()
+    sb = c.create(busybox_rootfs, persistent=False)
+    c.close()
+    # Another client uses it meanwhile: the lease still belongs to the creator's connection.
+    with d.connect() as other:
+        assert other.exec(sb.id, ["true"]).check()
+        hostutil.wait_for(lambda: sb.id not in [s.id for s in other.list()], d.lease + 5,
+                          interval=0.1, what="the sandbox to go after its lease")
+
+
+def test_non_persistent_sandbox_expires_after_restart(fresh_daemon, busybox_rootfs):
+    d = fresh_daemon
+    keep = d.create(busybox_rootfs)
+    c = d.connect()
+    sb = c.create(busybox_rootfs, persistent=False)
+    d.restart()  # the creating connection dies with the old daemon
+    c.close()
+    assert sb.id in listed(d)
+    hostutil.wait_for(lambda: sb.id not in listed(d), d.lease + 5, interval=0.1,
+                      what="the reattached non-persistent sandbox to go after its lease")
+    hostutil.wait_for(lambda: not sandbox_traces(d, sb.id), 5, what="its traces to go")
+    assert listed(d) == {keep}
+
+
+def test_sandbox_whose_init_died_is_reported_dead(fresh_daemon, busybox_rootfs):
+    """SandboxInfo.state is "running" or "dead": a sandbox whose init was killed (OOM killer,
+    an admin's kill) must not be listed as running, and rm must still clean it up."""
+    d = fresh_daemon
+    sid = d.create(busybox_rootfs)
+    init = d.inspect(sid)["sandbox"]["init_pid"]
+    os.kill(init, signal.SIGKILL)
+    hostutil.wait_for(lambda: not hostutil.pid_alive(init), 5, what="init to die")
+    r = d.cli("exec", sid, "--", "true")
+    assert r.returncode == 125 and sid in r.stderr, r
+
+    def state():
+        return [s["state"] for s in json.loads(d.cli_ok("ps", "--json"))["sandboxes"]
+                if s["id"] == sid]
+    try:
+        hostutil.wait_for(lambda: state() in ([], ["dead"]), 5,
+                          what=f"the sandbox to be reported dead (state: {state()})")
+    finally:
+        d.cli_ok("rm", "-f", sid)
+        assert not sandbox_traces(d, sid), sandbox_traces(d, sid)
+
+
+# ---- nothing left behind ----------------------------------------------------------------
+
+def _tree(d):
+    """berthd, its helper, and all their descendants (the sandboxes' processes included)."""
+    return [d.proc.pid, *hostutil.descendants(d.proc.pid)]
+
+
+def _held_net_namespaces(d, pids):
+    held = set()
+    for pid in pids:
+        try:
+            held.add(hostutil.ns_link(pid, "net"))
+        except OSError:
+            pass
+    # An nsfs reference the helper might keep open without any process in it.
+    for pid in (d.proc.pid, d.helper_pid):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("net:["):
+                held.add(target)
+    return held
+
+
+def snapshot(d):
+    tree = _tree(d)
+    comms = [hostutil.comm(p) for p in tree]
+    return {
+        "host mountinfo lines": hostutil.count_lines("/proc/self/mountinfo"),
+        "helper mountinfo lines": hostutil.count_lines(f"/proc/{d.helper_pid}/mountinfo"),
+        "sandbox cgroup dirs": len(hostutil.sandbox_cgroup_dirs(d.cgroup_parent)),
+        "net namespaces on the host": len(hostutil.net_namespaces()),
+        "net namespaces held by berth": len(_held_net_namespaces(d, tree)),
+        "berth-init processes": comms.count("berth-init"),
+        "berth-exec processes": comms.count("berth-exec"),
+        "berth-spare processes": comms.count("berth-spare"),
+        "processes in berthd's tree": len(tree),
+        "berthd fds": hostutil.fd_count(d.proc.pid),
+        "helper fds": hostutil.fd_count(d.helper_pid),
+        "runtime sandboxes entries": len(os.listdir(d.runtime_dir / "sandboxes")),
+        "runtime meta entries": len(os.listdir(d.runtime_dir / "meta")),
+        "state sandboxes entries": len(os.listdir(d.state_dir / "sandboxes")),
+    }
+
+
+def test_200_cycles_leave_nothing_behind(fresh_daemon, busybox_rootfs):
+    d = fresh_daemon
+    c = d.connect(timeout=30)
+
+    def cycle(i):
+        sb = c.create(busybox_rootfs, persistent=False)
+        res = c.exec(sb.id, ["true"] if i % 2 else ["sh", "-c", "echo $$ > /tmp/x; cat /tmp/x"])
+        res.check()
+        c.delete(sb.id)
+
+    for i in range(3):  # warm-up: lazily made parents, first-use allocations
+        cycle(i)
+    try:
+        before = snapshot(d)  # taken and compared with our connection open
+        t0 = time.monotonic()
+        for i in range(200):
+            cycle(i)
+        elapsed = time.monotonic() - t0
+        try:
+            hostutil.wait_for(lambda: snapshot(d) == before, 5,
+                              what="the counts to return to their starting values")
+        except AssertionError:  # report what differs
+            after = snapshot(d)
+            changed = {k: (before[k], after[k]) for k in before if after[k] != before[k]}
+            assert not changed, f"left behind after 200 cycles (before, after): {changed}"
+    finally:
+        c.close()
+    print(f"200 create/exec/delete cycles: {elapsed:.1f} s ({elapsed / 200 * 1000:.0f} ms each)")
+    assert elapsed < 60, f"200 cycles took {elapsed:.1f} s"

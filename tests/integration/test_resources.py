@@ -1,0 +1,163 @@
+"""Resource limits on real cgroups (v1 here): memory + OOM reporting, pids, cpu accounting and
+the cpu quota. The host must stay unharmed."""
+import subprocess
+import time
+
+import hostutil
+
+MiB = 1 << 20
+# Anonymous memory past the limit: a shell string that doubles until it is killed.
+HOG = "x=0123456789abcdef; while true; do x=$x$x; done"
+
+
+def cg(daemon, controller, sid, name):
+    return hostutil.cgroup_dir(controller, daemon.cgroup_parent, sid) / name
+
+
+def test_default_limits(daemon, sandbox):
+    # No memory or cpu limit unless asked; pids always limited (4096 by default).
+    assert hostutil.read_int(cg(daemon, "memory", sandbox, "memory.limit_in_bytes")) >= 1 << 60
+    assert hostutil.read_int(cg(daemon, "cpu", sandbox, "cpu.cfs_quota_us")) == -1
+    assert cg(daemon, "pids", sandbox, "pids.max").read_text().strip() == "4096"
+    res = daemon.inspect(sandbox)["sandbox"]["resources"]
+    assert res["pids"] == "4096" and res["memory_bytes"] == "0" and res["cpus"] == 0
+
+
+def test_memory_limit_applied(daemon, make_sandbox):
+    sid = make_sandbox("-m", "32m")
+    assert hostutil.read_int(cg(daemon, "memory", sid, "memory.limit_in_bytes")) == 32 * MiB
+    memsw = cg(daemon, "memory", sid, "memory.memsw.limit_in_bytes")
+    if memsw.exists():  # no swap beyond the limit
+        assert hostutil.read_int(memsw) == 32 * MiB
+    assert daemon.inspect(sid)["sandbox"]["resources"]["memory_bytes"] == str(32 * MiB)
+
+
+def test_oom_kill_reported_by_cli(daemon, make_sandbox):
+    sid = make_sandbox("-m", "32m")
+    t0 = time.monotonic()
+    r = daemon.cli("exec", sid, "--", "sh", "-c", HOG, timeout=60)
+    assert r.returncode == 137, r
+    assert "killed by the OOM killer" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 20
+    stats = daemon.inspect(sid)["stats"]
+    assert int(stats["oom_kills"]) >= 1
+    assert int(stats["memory_peak_bytes"]) >= 30 * MiB
+    # The sandbox survives its command's OOM kill.
+    assert daemon.cli_ok("exec", sid, "--", "echo", "alive") == "alive\n"
+
+
+def test_oom_kill_reported_by_protocol(daemon, busybox_rootfs):
+    with daemon.connect() as c:
+        sb = c.create(busybox_rootfs, memory_bytes=32 * MiB)
+        try:
+            res = c.exec(sb.id, ["sh", "-c", HOG], timeout=60)
+            assert res.error is None, res.error
+            assert res.exit.signal == 9 and res.exit.oom_killed, res.exit
+            assert not res.exit.timed_out and not res.exit.canceled
+            # A plain SIGKILL from inside is not an OOM kill.
+            res = c.exec(sb.id, ["sh", "-c", "kill -KILL $$"], timeout=30)
+            assert res.exit.signal == 9 and not res.exit.oom_killed, res.exit
+            # Neither is a command that stays under the limit.
+            res = c.exec(sb.id, ["sh", "-c", "x=$(head -c 4000000 /dev/zero | tr '\\0' a); "
+                                             "echo ${#x}"], timeout=30).check()
+            assert res.out.strip() == "4000000" and not res.exit.oom_killed
+        finally:
+            c.delete(sb.id)
+
+
+def test_oom_in_tmpfs_kills_the_command_not_the_sandbox(daemon, make_sandbox):
+    """/dev/shm is a tmpfs charged to the sandbox's memory cgroup. Filling it past the limit must
+    end the writing command with an OOM report -- not kill berth-init (which takes the whole
+    sandbox down and turns the exec into an UNAVAILABLE error)."""
+    sid = make_sandbox("-m", "32m")
+    init = int(daemon.inspect(sid)["sandbox"]["init_pid"])
+    r = daemon.cli("exec", sid, "--", "dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M",
+                   "count=100", timeout=60)
+    time.sleep(0.5)
+    init_alive = hostutil.pid_alive(init)
+    assert r.returncode == 137 and "killed by the OOM killer" in r.stderr and init_alive, (
+        f"exec -> {r.returncode} {r.stderr.strip()!r}; berth-init "
+        f"{'alive' if init_alive else 'killed: the sandbox is dead'} (the OOM killer chose "
+        f"berth-exec/berth-init over the command)")
+
+
+def test_pids_limit_stops_fork_bomb(daemon, make_sandbox):
+    sid = make_sandbox("--pids", "50")
+    assert hostutil.read_int(cg(daemon, "pids", sid, "pids.max")) == 50
+    # Fork until fork fails (busybox sh gives up at the first failed fork).
+    r = daemon.cli("exec", "--timeout", "20", sid, "--", "sh", "-c",
+                   "i=0; while [ $i -lt 500 ]; do sleep 1000 & i=$((i+1)); done; echo done",
+                   timeout=60)
+    assert r.returncode != 124, "the fork bomb was not stopped by the pids limit"
+    assert "can't fork" in r.stderr or "Resource temporarily unavailable" in r.stderr, r
+    assert "done" not in r.stdout
+    # The shim and the shell are on their way out; the orphaned sleeps stay.
+    def settled():
+        a = hostutil.read_int(cg(daemon, "pids", sid, "pids.current"))
+        time.sleep(0.2)
+        b = hostutil.read_int(cg(daemon, "pids", sid, "pids.current"))
+        return a if a == b else None
+    current = hostutil.wait_for(settled, 5, what="pids.current to settle")
+    assert 40 <= current <= 50, current
+    events = cg(daemon, "pids", sid, "pids.events").read_text()
+    assert int(events.split()[1]) > 0, events  # "max N": forks refused
+    # The host is unharmed: it can still fork.
+    assert subprocess.run(["true"], timeout=10).returncode == 0
+    # The daemon still serves, and the sandbox can be deleted with everything in it.
+    info = daemon.inspect(sid)
+    assert int(info["stats"]["pids"]) == current
+    daemon.cli_ok("rm", sid)
+    assert not cg(daemon, "pids", sid, "").exists()
+    assert not hostutil.pid_alive(int(info["sandbox"]["init_pid"]))
+
+
+def test_pids_limit_recovers_after_tree_kill(daemon, make_sandbox):
+    sid = make_sandbox("--pids", "20")
+    # A background fork bomb fills the limit while the main process waits; the timeout then
+    # kills the whole tree, which frees the limit for new execs.
+    r = daemon.cli("exec", "--timeout", "3", sid, "--", "sh", "-c",
+                   "sleep 1000 & (while sleep 1000 & do :; done) 2>/dev/null; wait", timeout=30)
+    assert r.returncode == 124, r
+    assert int(cg(daemon, "pids", sid, "pids.events").read_text().split()[1]) > 0
+    init = int(daemon.inspect(sid)["sandbox"]["init_pid"])
+    hostutil.wait_for(
+        lambda: not hostutil.workload_procs("pids", daemon.cgroup_parent, sid, init), 10,
+        what="the exec's processes to be gone")
+    # pids.current counts what is left: init and at most one spare shim.
+    assert hostutil.read_int(cg(daemon, "pids", sid, "pids.current")) <= 2
+    assert daemon.cli_ok("exec", sid, "--", "echo", "again") == "again\n"
+
+
+# Burns at least 0.6 s of CPU time whatever the load on the host: loops until the shell's own
+# utime + stime (fields 14 and 15 of /proc/self/stat, in 1/100 s ticks) reach 60, without forking.
+BURN = ('while :; do read -r s < /proc/$$/stat; set -- $s; '
+        '[ $(( ${14} + ${15} )) -ge 60 ] && break; done; echo burned')
+
+
+def test_cpu_usage_in_stats(daemon, sandbox):
+    before = int(daemon.inspect(sandbox)["stats"]["cpu_usage_ns"])
+    r = daemon.cli("exec", "--timeout", "30", sandbox, "--", "sh", "-c", BURN, timeout=60)
+    assert r.returncode == 0 and r.stdout == "burned\n", r
+    after = int(daemon.inspect(sandbox)["stats"]["cpu_usage_ns"])
+    assert after - before > 0.3e9, (before, after)
+    # And it is the sandbox's own usage, not the host's.
+    assert after - before < 10e9, (before, after)
+
+
+def test_cpus_quota_throttles(daemon, make_sandbox):
+    sid = make_sandbox("--cpus", "0.5")
+    period = hostutil.read_int(cg(daemon, "cpu", sid, "cpu.cfs_period_us"))
+    quota = hostutil.read_int(cg(daemon, "cpu", sid, "cpu.cfs_quota_us"))
+    assert quota == period // 2, (quota, period)
+    before = int(daemon.inspect(sid)["stats"]["cpu_usage_ns"])
+    t0 = time.monotonic()
+    # Two busy loops: unthrottled they would use ~2 CPUs on this 2-core host.
+    r = daemon.cli("exec", "--timeout", "1.5", sid, "--", "sh", "-c",
+                   "(while :; do :; done) & while :; do :; done")
+    wall = time.monotonic() - t0
+    assert r.returncode == 124
+    used = (int(daemon.inspect(sid)["stats"]["cpu_usage_ns"]) - before) / 1e9
+    assert used <= 0.5 * wall + 0.3, f"used {used:.2f} s cpu in {wall:.2f} s wall at --cpus 0.5"
+    assert used >= 0.2, f"used only {used:.2f} s cpu"
+    stat = dict(line.split() for line in cg(daemon, "cpu", sid, "cpu.stat").read_text().splitlines())
+    assert int(stat["nr_throttled"]) > 0, stat
