@@ -302,10 +302,15 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
 
     timer.mark("clone");
     ns::write_id_maps(pid, config_.mapping);
-    // The OOM killer picks by process size, and memory a command puts in tmpfs or page cache
-    // belongs to no process: without this it would kill init (taking the whole sandbox)
-    // instead of the command. Each command resets its own score to 0.
-    write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-999");
+    // The OOM killer picks by process size, and memory a command puts in tmpfs belongs to no
+    // process: it could pick init (taking the whole sandbox) over the command. Shield init
+    // where we may (lowering a score needs CAP_SYS_RESOURCE, which some hosts' root lacks);
+    // commands also raise their own score (exec_shim.cc), which needs no privilege.
+    try {
+        write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-999");
+    } catch (const SysError& e) {
+        if (e.code() != EACCES && e.code() != EPERM) throw;
+    }
     timer.mark("idmap");
     // The child builds its root filesystem while we attach it to its cgroup (on v1 the
     // first cgroup.procs write waits for an RCU grace period: 0.2-2 ms).

@@ -133,12 +133,13 @@ int command_child(void* arg) {
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::prctl(PR_SET_CHILD_SUBREAPER, 0);
-    // init and the shims are shielded from the OOM killer; the command is not. (init made
-    // itself non-dumpable, which leaves /proc/self owned by the host's root: undo that
-    // first; execve sets it anew from the program anyway.)
+    // Commands are the OOM killer's first choice in their sandbox, before init and the shims
+    // (and, on the host, before the host's own processes). Raising a score needs no
+    // privilege. (init made itself non-dumpable, which leaves /proc/self owned by the
+    // host's root: undo that first; execve sets it anew from the program anyway.)
     ::prctl(PR_SET_DUMPABLE, 1);
     if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
-        ssize_t ignored = ::write(fd, "0", 1);
+        ssize_t ignored = ::write(fd, "500", 3);
         (void)ignored;
         ::close(fd);
     }
