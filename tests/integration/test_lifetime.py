@@ -92,7 +92,13 @@ def test_exec_in_flight_when_daemon_dies_is_killed(fresh_daemon, busybox_rootfs)
         if p.poll() is None:
             p.kill()
             p.wait()
-    hostutil.wait_for(lambda: not hostutil.descendants(init), 5,
+    def exec_processes():
+        procs = hostutil.descendants(init)
+        spares = hostutil.idle_spares(init, procs)
+        assert len(spares) <= 1, f"{len(spares)} idle spare shims"
+        return [p for p in procs if p not in spares]
+
+    hostutil.wait_for(lambda: not exec_processes(), 5,
                       what="the exec's tree to be killed once berthd was gone")
     assert hostutil.pid_alive(init), "the sandbox itself must survive its daemon"
     d.start()

@@ -80,7 +80,9 @@ struct ExecOptions {
     void add_to(CLI::App* cmd) {
         cmd->add_option("-u,--user", user, "user[:group], by name or id (default root)");
         cmd->add_option("-w,--workdir", workdir, "working directory inside");
-        cmd->add_option("-e,--env", env, "K=V environment variable (repeatable)");
+        // One value per -e: CLI11 would otherwise swallow the command after `--` too.
+        cmd->add_option("-e,--env", env, "K=V environment variable (repeatable)")
+            ->allow_extra_args(false);
         cmd->add_option("--timeout", timeout, "seconds; then the whole process tree is killed (exit 124)");
         cmd->add_flag("-i,--interactive", interactive, "pass stdin to the command");
     }
@@ -240,7 +242,19 @@ int main(int argc, char** argv) {
             // With --rm the sandbox lives on this connection's lease: if we die, it goes too.
             *m.mutable_create() = run_create.request(!run_rm);
             std::string id = c.call(m).create().sandbox().id();
-            int code = run_exec(c, run_exec_opts.request(id), run_exec_opts.interactive);
+            int code;
+            try {
+                code = run_exec(c, run_exec_opts.request(id), run_exec_opts.interactive);
+            } catch (const ClientError&) {
+                // The command could not start: --rm still means gone.
+                if (run_rm) {
+                    try {
+                        c.call(message_delete(id));
+                    } catch (const ClientError&) {
+                    }
+                }
+                throw;
+            }
             if (run_rm) c.call(message_delete(id));
             else std::cerr << id << std::endl;
             return code;

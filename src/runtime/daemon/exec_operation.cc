@@ -140,7 +140,9 @@ void ExecOperation::on_init_frame(FramedSocket::Event event, std::string&& paylo
     if (event != FramedSocket::Event::frame) {
         if (!exited_) {
             finish_with_error(v1::UNAVAILABLE,
-                              "sandbox " + sandbox_id_ + " stopped while the command was running");
+                              "the command ended without an exit status: sandbox " + sandbox_id_ +
+                                  " stopped, or something in it killed the exec's berth-exec "
+                                  "shim (the exec's processes are killed with it)");
         }
         return;
     }

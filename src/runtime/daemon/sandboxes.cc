@@ -3,29 +3,15 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <cstring>
+
 #include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 
 #include "base/files.h"
+#include "base/proc.h"
 
 namespace berth::daemon {
-
-namespace {
-
-uint64_t start_time_of(int pid) {
-    try {
-        std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-        size_t pos = stat.rfind(')');
-        int field = 2;
-        for (size_t i = pos + 1; i < stat.size(); ++i) {
-            if (stat[i] == ' ' && ++field == 21) return std::stoull(stat.substr(i + 1));
-        }
-    } catch (const std::exception&) {
-    }
-    return 0;
-}
-
-}  // namespace
 
 SandboxRegistry::SandboxRegistry(std::string runtime_dir, cgroup::Driver* driver)
     : runtime_dir_(std::move(runtime_dir)), driver_(driver) {
@@ -59,6 +45,10 @@ Sandbox* SandboxRegistry::find(const std::string& key, std::string* error) {
     }
     if (!match) *error = "no such sandbox: '" + key + "'";
     return match;
+}
+
+bool SandboxRegistry::init_alive(const Sandbox& sandbox) const {
+    return process_start_time(sandbox.info.init_pid()) == sandbox.init_start_time;
 }
 
 bool SandboxRegistry::name_taken(const std::string& name) const {
@@ -105,7 +95,13 @@ std::vector<SandboxRegistry::Found> SandboxRegistry::scan() const {
     std::vector<Found> out;
     const std::string dir = runtime_dir_ + "/sandboxes";
     DIR* d = ::opendir(dir.c_str());
-    if (!d) return out;
+    if (!d) {
+        if (errno != ENOENT) {
+            throw std::runtime_error("cannot list " + dir + " to reattach sandboxes: " +
+                                     std::strerror(errno));
+        }
+        return out;
+    }
     while (dirent* e = ::readdir(d)) {
         std::string id = e->d_name;
         if (id.size() != 32) continue;
@@ -115,7 +111,7 @@ std::vector<SandboxRegistry::Found> SandboxRegistry::scan() const {
             found.init_socket = state.at("init_socket").get<std::string>();
             found.init_start_time = state.at("init_start_time").get<uint64_t>();
             int pid = state.at("init_pid").get<int>();
-            found.alive = start_time_of(pid) == found.init_start_time;
+            found.alive = process_start_time(pid) == found.init_start_time;
             found.info.set_id(id);
             found.info.set_init_pid(pid);
             found.info.set_rootfs(state.value("rootfs", ""));

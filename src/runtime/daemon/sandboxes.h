@@ -34,6 +34,8 @@ public:
     Sandbox* find(const std::string& key, std::string* error);
     Sandbox* by_id(const std::string& id);
     bool name_taken(const std::string& name) const;
+    // True while the sandbox's init (pid and start time as recorded) is running.
+    bool init_alive(const Sandbox& sandbox) const;
 
     Sandbox& add(v1::SandboxInfo info, std::string init_socket, uint64_t init_start_time);
     void remove(const std::string& id);

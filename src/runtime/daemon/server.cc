@@ -334,6 +334,11 @@ void Server::handle_exec(const std::shared_ptr<Session>& session, uint64_t id, c
         session->send_error(id, v1::UNAVAILABLE, "sandbox " + sandbox->info.id() + " is being deleted");
         return;
     }
+    if (sandbox->info.state() == "dead") {
+        session->send_error(id, v1::UNAVAILABLE,
+                            "sandbox " + sandbox->info.id() + " is dead (its init exited); delete it");
+        return;
+    }
     if (session->execs.count(id)) {
         session->send_error(id, v1::INVALID_ARGUMENT, "request id " + std::to_string(id) + " is in use");
         return;
@@ -472,6 +477,12 @@ void Server::reattach() {
 void Server::check_leases() {
     const auto now = Clock::now();
     for (Sandbox* s : registry_.all()) {
+        // A sandbox whose init died (OOM killer, an admin's kill) is dead, whatever it was.
+        if (s->info.state() == "running" && !registry_.init_alive(*s)) {
+            log("sandbox " + s->info.id() + " is dead: its init (pid " +
+                std::to_string(s->info.init_pid()) + ") exited");
+            s->info.set_state("dead");
+        }
         if (s->deleting || !s->lease_deadline || *s->lease_deadline > now) continue;
         const std::string sid = s->info.id();
         log("lease of sandbox " + sid + " expired; deleting it");

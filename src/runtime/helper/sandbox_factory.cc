@@ -19,6 +19,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/proc.h"
 #include "ns/net.h"
 #include "ns/rootfs.h"
 #include "runtime/init/init.h"
@@ -29,18 +30,6 @@ namespace {
 
 constexpr uint32_t kInvalidArgument = 1, kNotFound = 2, kAlreadyExists = 8, kInternal = 7,
                    kUnavailable = 6;
-
-uint64_t process_start_time(pid_t pid) {
-    std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-    size_t pos = stat.rfind(')');
-    if (pos == std::string::npos) return 0;
-    // Fields after the comm: state is field 3; starttime is field 22.
-    int field = 2;
-    for (size_t i = pos + 1; i < stat.size(); ++i) {
-        if (stat[i] == ' ' && ++field == 21) return std::stoull(stat.substr(i + 1));
-    }
-    return 0;
-}
 
 bool valid_hostname(const std::string& name) {
     if (name.empty() || name.size() > 63) return false;
@@ -191,7 +180,12 @@ SandboxFactory::SandboxFactory(Config config)
       driver_(cgroup::detect(config_.cgroup_parent)),
       template_userns_(ns::make_userns_fd(config_.mapping)),
       seccomp_(ns::SeccompProgram::default_profile()) {
-    make_dirs(config_.runtime_dir + "/sandboxes", 0711);
+    // Listable (the daemon scans it to reattach after a restart) but ours: were it the
+    // daemon's, a compromised daemon could swap a sandbox's directory for a symlink under
+    // the helper's feet.
+    const std::string sandboxes = config_.runtime_dir + "/sandboxes";
+    make_dirs(sandboxes, 0755);
+    check_sys("chmod", sandboxes, [&] { return ::chmod(sandboxes.c_str(), 0755); });
     make_dirs(config_.state_dir + "/sandboxes", 0700);
 }
 
@@ -221,6 +215,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     if (live_.count(id) || ::access(run.c_str(), F_OK) == 0)
         throw HelperError(kAlreadyExists, "sandbox " + id + " already exists");
 
+    // Must be new: never adopt (nor, on failure, remove) something already there.
+    check_sys("mkdir", run, [&] { return ::mkdir(run.c_str(), 0711); });
     auto live = std::make_unique<Live>();
     // Until the end, any failure undoes what was made.
     bool committed = false;
@@ -244,7 +240,6 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     } undo{this, run, state, live.get(), &committed};
 
     StepTimer timer;
-    make_dirs(run, 0711);
     make_dirs(run + "/rootfs", 0755);
     make_dirs(state, 0700);
     const std::string upper = state + "/upper", work = state + "/work";
@@ -387,12 +382,7 @@ void SandboxFactory::destroy(const std::string& id) {
             int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
             if (fd >= 0) {
                 UniqueFd pidfd(fd);
-                uint64_t now_start = 0;
-                try {
-                    now_start = process_start_time(pid);
-                } catch (const std::exception&) {
-                }
-                if (now_start == start) live->pidfd = std::move(pidfd);
+                if (start != 0 && process_start_time(pid) == start) live->pidfd = std::move(pidfd);
             }
         } catch (const std::exception&) {
             // No usable state: nothing to kill, clean up what is on disk.

@@ -18,6 +18,7 @@
 
 #include "base/files.h"
 #include "init.pb.h"
+#include "runtime/init/process_tree.h"
 #include "runtime/init/users.h"
 #include "runtime/wire/frame.h"
 
@@ -159,39 +160,13 @@ int command_child(void* arg) {
     child_fail(rfd, ChildFailure::kExec, saw, nullptr);
 }
 
-// Children of `pid` (all its threads), from /proc.
-void collect_children(pid_t pid, std::vector<pid_t>& out) {
-    const std::string task_dir = "/proc/" + std::to_string(pid) + "/task";
-    DIR* dir = ::opendir(task_dir.c_str());
-    if (!dir) return;  // exited meanwhile
-    while (dirent* e = ::readdir(dir)) {
-        if (e->d_name[0] == '.') continue;
-        std::string list;
-        try {
-            list = read_file(task_dir + "/" + e->d_name + "/children");
-        } catch (const std::exception&) {
-            continue;
-        }
-        size_t pos = 0;
-        while (pos < list.size()) {
-            size_t end = list.find(' ', pos);
-            if (end == std::string::npos) end = list.size();
-            if (end > pos) out.push_back(static_cast<pid_t>(std::stol(list.substr(pos, end - pos))));
-            pos = end + 1;
-        }
-    }
-    ::closedir(dir);
-}
-
 // SIGKILLs every descendant until none is left. As a child subreaper we inherit every
 // orphan in the tree, so a process that double-forks and calls setsid is still found;
 // a process with SIGKILL pending cannot fork, so the loop converges.
 void kill_tree(pid_t main_pid, int* main_status) {
     const timespec pause{0, 2'000'000};
     for (int round = 0; round < 5000; ++round) {
-        std::vector<pid_t> tree;
-        collect_children(::getpid(), tree);
-        for (size_t i = 0; i < tree.size(); ++i) collect_children(tree[i], tree);
+        std::vector<pid_t> tree = tree_of(children_of(::getpid()));
         for (pid_t p : tree) ::kill(p, SIGKILL);
         int status;
         pid_t reaped;
@@ -274,6 +249,9 @@ void kill_tree(pid_t main_pid, int* main_status) {
     std::vector<char> stack(kStackSize);
     pid_t pid = ::clone(command_child, stack.data() + stack.size(), CLONE_VM | CLONE_VFORK | SIGCHLD,
                         &plan);
+    // The child shared our memory, and with it the dumpable flag it set: take it back, or
+    // the sandbox could read this shim through /proc.
+    ::prctl(PR_SET_DUMPABLE, 0);
     if (pid < 0) {
         fail(conn, errno == EAGAIN ? kResourceExhausted : kInternal,
              "clone: " + std::string(strerror(errno)) +

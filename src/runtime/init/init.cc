@@ -8,10 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <cstring>
+#include <set>
 
 #include "base/error.h"
 #include "runtime/init/exec_shim.h"
+#include "runtime/init/process_tree.h"
 
 namespace berth::init {
 
@@ -109,6 +113,10 @@ SpareShim fork_spare(int control, int children, const sigset_t& blocked) {
     ::sigprocmask(SIG_BLOCK, &mask, nullptr);
     UniqueFd children(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
     SpareShim spare = fork_spare(control.get(), children.get(), mask);
+    // Our children are shims, the spare, and orphans a shim left when it exited. `shims`
+    // are the ones we forked; `known` is every child as of the last look.
+    std::set<pid_t> shims{spare.pid};
+    std::set<pid_t> known{spare.pid};
 
     for (;;) {
         pollfd fds[2] = {{control.get(), POLLIN, 0}, {children.get(), POLLIN, 0}};
@@ -122,9 +130,39 @@ SpareShim fork_spare(int control, int children, const sigset_t& blocked) {
         }
         // Reap every exited process: shims, and orphans re-parented to PID 1.
         pid_t reaped;
-        while ((reaped = ::waitpid(-1, nullptr, WNOHANG)) > 0) {
+        int status;
+        bool shim_killed = false;
+        while ((reaped = ::waitpid(-1, &status, WNOHANG)) > 0) {
             if (reaped == spare.pid) spare = {};
+            if (shims.erase(reaped) && WIFSIGNALED(status)) shim_killed = true;
         }
+        // A shim only dies by a signal when something in the sandbox killed it (its root may
+        // signal anything there), most likely to slip its command past a timeout. What it
+        // tracked has just been re-parented to us: the children we did not have before.
+        // Kill those trees, so the exec's processes end with their shim.
+        std::vector<pid_t> now = children_of(1);
+        if (shim_killed) {
+            std::vector<pid_t> orphans;
+            for (pid_t p : now) {
+                if (!known.count(p) && !shims.count(p)) orphans.push_back(p);
+            }
+            for (int round = 0; round < 100 && !orphans.empty(); ++round) {
+                std::vector<pid_t> tree = tree_of(orphans);
+                for (pid_t p : tree) ::kill(p, SIGKILL);
+                orphans.clear();
+                for (pid_t p : children_of(1)) {
+                    if (!known.count(p) && !shims.count(p)) orphans.push_back(p);
+                }
+                while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+                }
+                if (!orphans.empty()) {
+                    const timespec pause{0, 1'000'000};
+                    ::nanosleep(&pause, nullptr);
+                }
+            }
+            now = children_of(1);
+        }
+        known = std::set<pid_t>(now.begin(), now.end());
 
         if (fds[0].revents & POLLIN) {
             int conn = ::accept4(control.get(), nullptr, nullptr, SOCK_CLOEXEC);
@@ -134,6 +172,10 @@ SpareShim fork_spare(int control, int children, const sigset_t& blocked) {
                 spare = {};
             } else {
                 pid_t shim = ::fork();
+                if (shim > 0) {
+                    shims.insert(shim);
+                    known.insert(shim);
+                }
                 if (shim == 0) {
                     control.reset();
                     children.reset();
@@ -145,7 +187,13 @@ SpareShim fork_spare(int control, int children, const sigset_t& blocked) {
                 // reports it.
             }
             connection.reset();
-            if (spare.pid < 0) spare = fork_spare(control.get(), children.get(), mask);
+            if (spare.pid < 0) {
+                spare = fork_spare(control.get(), children.get(), mask);
+                if (spare.pid > 0) {
+                    shims.insert(spare.pid);
+                    known.insert(spare.pid);
+                }
+            }
         }
     }
 }

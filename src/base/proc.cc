@@ -1,0 +1,26 @@
+#include "base/proc.h"
+
+#include <string>
+
+#include "base/files.h"
+
+namespace berth {
+
+uint64_t process_start_time(pid_t pid) {
+    std::string stat;
+    try {
+        stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    } catch (const std::exception&) {
+        return 0;
+    }
+    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    size_t pos = stat.rfind(')');
+    if (pos == std::string::npos) return 0;
+    int field = 2;
+    for (size_t i = pos + 1; i < stat.size(); ++i) {
+        if (stat[i] == ' ' && ++field == 22) return std::stoull(stat.substr(i + 1));
+    }
+    return 0;
+}
+
+}  // namespace berth
