@@ -4,7 +4,11 @@ Every test needs root (berthd must start as root). Without root the tests are sk
 reason "needs root" -- except in CI (env CI=true), where that is a failure.
 
 Run: /usr/bin/python3 -m pytest -v tests/integration
-Binaries come from BERTH_BUILD_DIR (default: <repo>/build).
+Binaries come from BERTH_BUILD_DIR (default: <repo>/build). Everything the fixtures create
+(rootfs, runtime and state dirs) goes under BERTH_TEST_TMPDIR (default /tmp): berth needs a
+filesystem with idmapped mounts there, which tmpfs lacks on kernels before 6.3 -- in the
+cgroup v2 VM (tests/vm/run-in-vm) pass BERTH_TEST_TMPDIR=$BERTH_VM_SCRATCH.
+The cgroup driver (v1 or v2) is detected like berthd does it: see hostutil.CGROUP_DRIVER.
 """
 import itertools
 import os
@@ -60,7 +64,13 @@ def require_root():
 def base_dir(require_root):
     """A world-traversable scratch dir: berthd runs as user berth and each sandbox's root is
     an unprivileged host uid, so every parent of the runtime dir must be searchable."""
-    d = Path(tempfile.mkdtemp(prefix="berth-it-", dir="/tmp"))
+    parent = Path(os.environ.get("BERTH_TEST_TMPDIR") or "/tmp")
+    if not parent.is_dir():
+        pytest.fail(f"BERTH_TEST_TMPDIR={parent} is not a directory", pytrace=False)
+    if not parent.stat().st_mode & 0o001:
+        pytest.fail(f"BERTH_TEST_TMPDIR={parent} is not searchable by others (berthd runs as "
+                    f"user berth): chmod o+x it", pytrace=False)
+    d = Path(tempfile.mkdtemp(prefix="berth-it-", dir=str(parent)))
     d.chmod(0o755)
     yield d
     shutil.rmtree(d, ignore_errors=True)
@@ -264,8 +274,7 @@ class Daemon:
             problems.append(f"cgroup dirs left behind: {[str(p) for p in leftovers]}")
         for p in leftovers:
             _force_remove_cgroup(p)
-        for c in hostutil.CGROUP_CONTROLLERS:
-            d = hostutil.cgroup_dir(c, self.cgroup_parent)
+        for d in hostutil.parent_dirs(self.cgroup_parent):
             if d.is_dir():
                 try:
                     d.rmdir()

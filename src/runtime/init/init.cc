@@ -8,22 +8,21 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <time.h>
-
-#include <cstring>
-#include <set>
+#include <map>
+#include <vector>
 
 #include "base/error.h"
-#include "runtime/init/exec_shim.h"
-#include "runtime/init/process_tree.h"
+#include "init.pb.h"
+#include "runtime/init/command.h"
+#include "runtime/wire/frame.h"
 
 namespace berth::init {
 
 void harden_init(const ns::SeccompProgram& seccomp) {
-    // The seccomp filter goes on here, once: every shim and command inherits it, so an exec
-    // pays nothing for it (installing a filter costs 0.1-0.5 ms). init needs none of the
-    // calls it denies; as root of its user namespace it may install it without
-    // no_new_privs, which each command still gets from apply_identity().
+    // The seccomp filter goes on here, once: every command inherits it, so an exec pays
+    // nothing for it (installing a filter costs 0.1-0.5 ms). init needs none of the calls
+    // it denies; as root of its user namespace it may install it without no_new_privs,
+    // which each command still gets from apply_identity().
     if (int rc = seccomp.install(); rc != 0) throw SysError("seccomp install", "berth-init", -rc);
     // Likewise the capability bounding set, which every exec'd command gets anyway.
     const char* step = nullptr;
@@ -33,71 +32,63 @@ void harden_init(const ns::SeccompProgram& seccomp) {
 
 namespace {
 
-// Passes one fd over a Unix socket.
-bool send_fd(int channel, int fd) {
-    char byte = 'c';
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr mh{};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = control;
-    mh.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    return ::sendmsg(channel, &mh, MSG_NOSIGNAL) == 1;
-}
+constexpr uint32_t kInvalidArgument = 1;
 
-int receive_fd(int channel) {
-    char byte;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msghdr mh{};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = control;
-    mh.msg_controllen = sizeof control;
-    ssize_t n;
-    do {
-        n = ::recvmsg(channel, &mh, MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    if (n != 1) return -1;
-    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-    if (!c || c->cmsg_type != SCM_RIGHTS) return -1;
-    int fd;
-    std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-    return fd;
-}
-
-// A shim forked ahead of need, waiting for its connection: forking is the costliest step of
-// an exec on a small VM (0.5-2 ms), so init does it while the sandbox is idle, not while a
-// client waits.
-struct SpareShim {
+// One exec: the daemon's connection and the command's pid.
+struct Exec {
+    UniqueFd connection;
     pid_t pid = -1;
-    UniqueFd channel;
+    bool kill_requested = false;
 };
 
-SpareShim fork_spare(int control, int children, const sigset_t& blocked) {
-    int pair[2];
-    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) return {};
-    UniqueFd ours(pair[0]), theirs(pair[1]);
-    pid_t pid = ::fork();
-    if (pid < 0) return {};  // pids limit or memory: the next exec forks on demand
-    if (pid == 0) {
-        ::close(control);
-        ::close(children);
-        ours.reset();
-        ::sigprocmask(SIG_UNBLOCK, &blocked, nullptr);
-        ::prctl(PR_SET_NAME, "berth-spare");
-        int conn = receive_fd(theirs.get());
-        if (conn < 0) ::_exit(0);  // init is replacing us, or going away
-        theirs.reset();
-        run_exec_shim(UniqueFd(conn));
+void send(int fd, const v1::init::FromSandbox& msg) {
+    try {
+        wire::write_frame(fd, msg);
+    } catch (const std::exception&) {
+        // The daemon went away; its connection is closed when the command ends.
     }
-    return {pid, std::move(ours)};
+}
+
+void send_failure(int fd, uint32_t code, const std::string& message) {
+    v1::init::FromSandbox msg;
+    msg.mutable_failed()->set_code(code);
+    msg.mutable_failed()->set_message(message);
+    send(fd, msg);
+}
+
+// A connection stuck mid-frame must not hang PID 1 for long.
+void set_timeouts(int fd) {
+    timeval limit{2, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+}
+
+// Reads the Spawn of a new connection and starts its command. Returns the pid, or -1 after
+// telling the daemon why not.
+pid_t accept_exec(int fd) {
+    v1::init::ToSandbox request;
+    std::vector<UniqueFd> stdio;
+    wire::ReadStatus status;
+    try {
+        status = wire::read_frame(fd, request, wire::kInitMaxFrame, &stdio);
+    } catch (const std::exception&) {
+        return -1;
+    }
+    if (status == wire::ReadStatus::eof) return -1;
+    if (status != wire::ReadStatus::ok || !request.has_spawn()) {
+        send_failure(fd, kInvalidArgument, "expected a Spawn request");
+        return -1;
+    }
+    auto started = start_command(request.spawn(), stdio);
+    if (auto* failure = std::get_if<CommandFailure>(&started)) {
+        send_failure(fd, failure->code, failure->message);
+        return -1;
+    }
+    const pid_t pid = std::get<pid_t>(started);
+    v1::init::FromSandbox msg;
+    msg.mutable_started()->set_pid(pid);
+    send(fd, msg);
+    return pid;
 }
 
 }  // namespace
@@ -112,88 +103,73 @@ SpareShim fork_spare(int control, int children, const sigset_t& blocked) {
     sigaddset(&mask, SIGCHLD);
     ::sigprocmask(SIG_BLOCK, &mask, nullptr);
     UniqueFd children(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
-    SpareShim spare = fork_spare(control.get(), children.get(), mask);
-    // Our children are shims, the spare, and orphans a shim left when it exited. `shims`
-    // are the ones we forked; `known` is every child as of the last look.
-    std::set<pid_t> shims{spare.pid};
-    std::set<pid_t> known{spare.pid};
+
+    // Running execs by command pid. Every other child of ours is an orphan (a background
+    // process whose exec ended), reaped and forgotten.
+    std::map<pid_t, Exec> execs;
+    std::vector<pollfd> fds;
+    std::vector<pid_t> owners;
 
     for (;;) {
-        pollfd fds[2] = {{control.get(), POLLIN, 0}, {children.get(), POLLIN, 0}};
-        int ready = ::poll(fds, children ? 2 : 1, -1);
-        if (ready < 0) continue;  // EINTR; nothing else can fail here
+        fds.assign({{control.get(), POLLIN, 0}, {children.get(), POLLIN, 0}});
+        owners.assign({-1, -1});
+        for (auto& [pid, exec] : execs) {
+            if (!exec.connection) continue;
+            fds.push_back({exec.connection.get(), POLLIN, 0});
+            owners.push_back(pid);
+        }
+        if (::poll(fds.data(), fds.size(), -1) < 0) continue;  // EINTR
 
         if (fds[1].revents & POLLIN) {
             signalfd_siginfo info;
             while (::read(children.get(), &info, sizeof info) == sizeof info) {
             }
         }
-        // Reap every exited process: shims, and orphans re-parented to PID 1.
-        pid_t reaped;
         int status;
-        bool shim_killed = false;
+        pid_t reaped;
         while ((reaped = ::waitpid(-1, &status, WNOHANG)) > 0) {
-            if (reaped == spare.pid) spare = {};
-            if (shims.erase(reaped) && WIFSIGNALED(status)) shim_killed = true;
-        }
-        // A shim only dies by a signal when something in the sandbox killed it (its root may
-        // signal anything there), most likely to slip its command past a timeout. What it
-        // tracked has just been re-parented to us: the children we did not have before.
-        // Kill those trees, so the exec's processes end with their shim.
-        std::vector<pid_t> now = children_of(1);
-        if (shim_killed) {
-            std::vector<pid_t> orphans;
-            for (pid_t p : now) {
-                if (!known.count(p) && !shims.count(p)) orphans.push_back(p);
+            auto it = execs.find(reaped);
+            if (it == execs.end()) continue;
+            if (it->second.connection) {
+                v1::init::FromSandbox msg;
+                auto* e = msg.mutable_exited();
+                if (WIFSIGNALED(status)) e->set_signal(WTERMSIG(status));
+                else e->set_exit_code(WEXITSTATUS(status));
+                e->set_killed_by_request(it->second.kill_requested);
+                send(it->second.connection.get(), msg);
             }
-            for (int round = 0; round < 100 && !orphans.empty(); ++round) {
-                std::vector<pid_t> tree = tree_of(orphans);
-                for (pid_t p : tree) ::kill(p, SIGKILL);
-                orphans.clear();
-                for (pid_t p : children_of(1)) {
-                    if (!known.count(p) && !shims.count(p)) orphans.push_back(p);
-                }
-                while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-                }
-                if (!orphans.empty()) {
-                    const timespec pause{0, 1'000'000};
-                    ::nanosleep(&pause, nullptr);
-                }
-            }
-            now = children_of(1);
+            execs.erase(it);
         }
-        known = std::set<pid_t>(now.begin(), now.end());
+
+        for (size_t i = 2; i < fds.size(); ++i) {
+            if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            auto it = execs.find(owners[i]);
+            if (it == execs.end()) continue;  // exited and reaped above
+            Exec& exec = it->second;
+            v1::init::ToSandbox msg;
+            wire::ReadStatus rs;
+            try {
+                rs = wire::read_frame(exec.connection.get(), msg, wire::kInitMaxFrame);
+            } catch (const std::exception&) {
+                rs = wire::ReadStatus::eof;
+            }
+            if (rs == wire::ReadStatus::ok && msg.has_signal() && msg.signal().signal() != SIGKILL) {
+                ::kill(exec.pid, msg.signal().signal());
+                continue;
+            }
+            // SIGKILL asked for, the daemon gone, or garbage: end everything the exec started.
+            exec.kill_requested = true;
+            kill_command_tree(exec.pid);
+            if (rs != wire::ReadStatus::ok) exec.connection.reset();  // nobody to tell
+        }
 
         if (fds[0].revents & POLLIN) {
-            int conn = ::accept4(control.get(), nullptr, nullptr, SOCK_CLOEXEC);
-            if (conn < 0) continue;
-            UniqueFd connection(conn);
-            if (spare.pid > 0 && send_fd(spare.channel.get(), connection.get())) {
-                spare = {};
-            } else {
-                pid_t shim = ::fork();
-                if (shim > 0) {
-                    shims.insert(shim);
-                    known.insert(shim);
-                }
-                if (shim == 0) {
-                    control.reset();
-                    children.reset();
-                    spare.channel.reset();
-                    ::sigprocmask(SIG_UNBLOCK, &mask, nullptr);
-                    run_exec_shim(std::move(connection));
-                }
-                // On fork failure (pids limit, memory) the connection closes: the daemon
-                // reports it.
-            }
-            connection.reset();
-            if (spare.pid < 0) {
-                spare = fork_spare(control.get(), children.get(), mask);
-                if (spare.pid > 0) {
-                    shims.insert(spare.pid);
-                    known.insert(spare.pid);
-                }
-            }
+            int fd = ::accept4(control.get(), nullptr, nullptr, SOCK_CLOEXEC);
+            if (fd < 0) continue;
+            UniqueFd connection(fd);
+            set_timeouts(fd);
+            pid_t pid = accept_exec(fd);
+            if (pid > 0) execs[pid] = Exec{std::move(connection), pid, false};
         }
     }
 }

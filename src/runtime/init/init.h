@@ -1,9 +1,11 @@
 // berth-init: PID 1 of every sandbox.
 //
-// It holds the sandbox's namespaces, reaps orphans, and is the sandbox's fork server: for
-// each connection on its control socket it forks an exec shim (exec_shim.h) and goes back
-// to waiting. init itself never parses a byte from the daemon: a malformed request can at
-// worst crash the shim that owns it.
+// It holds the sandbox's namespaces, reaps orphans, and serves execs: one connection per
+// exec on its control socket carries a Spawn (with the stdio fds) and later, maybe, a
+// Signal; init answers Started or Failed, then Exited. Commands are started with
+// CLONE_VM|CLONE_VFORK (command.h), so an exec costs no fork of init's memory; each command
+// is its descendants' subreaper, so a timeout or cancel finds every process it started.
+// Many execs run at once; init waits on all of them in one poll loop.
 #pragma once
 
 #include "base/unique_fd.h"

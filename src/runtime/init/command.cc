@@ -1,26 +1,23 @@
-#include "runtime/init/exec_shim.h"
+#include "runtime/init/command.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/prctl.h>
-#include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "base/files.h"
-#include "init.pb.h"
+#include "ns/security.h"
 #include "runtime/init/process_tree.h"
 #include "runtime/init/users.h"
-#include "runtime/wire/frame.h"
 
 namespace berth::init {
 
@@ -36,22 +33,6 @@ enum Code : uint32_t {
 };
 
 constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-void send(int conn, const v1::init::FromSandbox& msg) {
-    try {
-        wire::write_frame(conn, msg);
-    } catch (const std::exception&) {
-        // The daemon went away; the caller's next read sees EOF and cleans up.
-    }
-}
-
-[[noreturn]] void fail(int conn, uint32_t code, const std::string& message) {
-    v1::init::FromSandbox msg;
-    msg.mutable_failed()->set_code(code);
-    msg.mutable_failed()->set_message(message);
-    send(conn, msg);
-    ::_exit(1);
-}
 
 // What the command's child reports through its close-on-exec pipe when it cannot exec.
 struct ChildFailure {
@@ -133,7 +114,9 @@ int command_child(void* arg) {
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+    // The command adopts every orphan of its own tree (the setting survives execve), so
+    // a timeout finds a double-forked, setsid'd grandchild among its descendants.
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
     // Commands are the OOM killer's first choice in their sandbox, before init and the shims
     // (and, on the host, before the host's own processes). Raising a score needs no
     // privilege. (init made itself non-dumpable, which leaves /proc/self owned by the
@@ -160,63 +143,26 @@ int command_child(void* arg) {
     child_fail(rfd, ChildFailure::kExec, saw, nullptr);
 }
 
-// SIGKILLs every descendant until none is left. As a child subreaper we inherit every
-// orphan in the tree, so a process that double-forks and calls setsid is still found;
-// a process with SIGKILL pending cannot fork, so the loop converges.
-void kill_tree(pid_t main_pid, int* main_status) {
-    const timespec pause{0, 2'000'000};
-    for (int round = 0; round < 5000; ++round) {
-        std::vector<pid_t> tree = tree_of(children_of(::getpid()));
-        for (pid_t p : tree) ::kill(p, SIGKILL);
-        int status;
-        pid_t reaped;
-        bool any_child = false;
-        while ((reaped = ::waitpid(-1, &status, WNOHANG)) != 0) {
-            if (reaped < 0) break;  // ECHILD: no children at all
-            any_child = true;
-            if (reaped == main_pid) *main_status = status;
-        }
-        if (reaped < 0 && errno == ECHILD) return;
-        if (!any_child && tree.empty()) ::nanosleep(&pause, nullptr);
-        else if (!any_child) ::nanosleep(&pause, nullptr);
-    }
-}
-
 }  // namespace
 
-[[noreturn]] void run_exec_shim(UniqueFd connection) {
-    ::prctl(PR_SET_NAME, "berth-exec");
-    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-    const int conn = connection.get();
-
-    v1::init::ToSandbox request;
-    std::vector<UniqueFd> stdio;
-    wire::ReadStatus status;
-    try {
-        status = wire::read_frame(conn, request, wire::kInitMaxFrame, &stdio);
-    } catch (const std::exception& e) {
-        ::_exit(1);
-    }
-    if (status == wire::ReadStatus::eof) ::_exit(0);
-    if (status != wire::ReadStatus::ok || !request.has_spawn())
-        fail(conn, kInvalidArgument, "expected a Spawn request");
-    if (stdio.size() != 3) fail(conn, kInvalidArgument, "a Spawn needs exactly 3 stdio fds");
-    const auto& spawn = request.spawn();
+std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
+                                                  const std::vector<UniqueFd>& stdio) {
+    if (stdio.size() != 3) return CommandFailure{kInvalidArgument, "a Spawn needs exactly 3 stdio fds"};
     if (spawn.argv_size() == 0 || spawn.argv(0).empty())
-        fail(conn, kInvalidArgument, "empty argv: nothing to run");
+        return CommandFailure{kInvalidArgument, "empty argv: nothing to run"};
 
-    std::string error;
-    std::string passwd, group;
+    std::string error, passwd, group;
     try {
         passwd = read_file("/etc/passwd");
     } catch (const std::exception&) {
+        // No passwd: numeric users still work, names are reported as unknown.
     }
     try {
         group = read_file("/etc/group");
     } catch (const std::exception&) {
     }
     auto user = resolve_user(spawn.user(), passwd, group, &error);
-    if (!user) fail(conn, kNotFound, error);
+    if (!user) return CommandFailure{kNotFound, error};
 
     std::vector<std::string> argv(spawn.argv().begin(), spawn.argv().end());
     std::vector<std::string> env(spawn.env().begin(), spawn.env().end());
@@ -230,14 +176,9 @@ void kill_tree(pid_t main_pid, int* main_status) {
     identity.groups = user->groups;
 
     int report[2];
-    if (::pipe2(report, O_CLOEXEC) != 0) fail(conn, kInternal, "pipe2: " + std::string(strerror(errno)));
+    if (::pipe2(report, O_CLOEXEC) != 0)
+        return CommandFailure{kInternal, "pipe2: " + std::string(strerror(errno))};
     UniqueFd report_read(report[0]), report_write(report[1]);
-
-    sigset_t chld;
-    sigemptyset(&chld);
-    sigaddset(&chld, SIGCHLD);
-    ::sigprocmask(SIG_BLOCK, &chld, nullptr);
-    UniqueFd children(::signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK));
 
     CommandPlan plan = plan_command(argv, env);
     plan.stdio = stdio.data();
@@ -249,104 +190,65 @@ void kill_tree(pid_t main_pid, int* main_status) {
     std::vector<char> stack(kStackSize);
     pid_t pid = ::clone(command_child, stack.data() + stack.size(), CLONE_VM | CLONE_VFORK | SIGCHLD,
                         &plan);
+    const int clone_errno = errno;
     // The child shared our memory, and with it the dumpable flag it set: take it back, or
-    // the sandbox could read this shim through /proc.
+    // the sandbox could read init through /proc.
     ::prctl(PR_SET_DUMPABLE, 0);
     if (pid < 0) {
-        fail(conn, errno == EAGAIN ? kResourceExhausted : kInternal,
-             "clone: " + std::string(strerror(errno)) +
-                 (errno == EAGAIN ? " (the sandbox's pids limit?)" : ""));
+        return CommandFailure{clone_errno == EAGAIN ? kResourceExhausted : kInternal,
+                              "clone: " + std::string(strerror(clone_errno)) +
+                                  (clone_errno == EAGAIN ? " (the sandbox's pids limit?)" : "")};
     }
-
-    // The command holds its own copies; ours would keep the daemon's pipes from seeing EOF.
-    stdio.clear();
     report_write.reset();
     ChildFailure failure{};
     ssize_t got;
     do {
         got = ::read(report_read.get(), &failure, sizeof failure);
     } while (got < 0 && errno == EINTR);
-    if (got == static_cast<ssize_t>(sizeof failure)) {
-        ::waitpid(pid, nullptr, 0);
-        const std::string why = strerror(failure.err);
-        switch (failure.stage) {
-            case ChildFailure::kCwd:
-                fail(conn, failure.err == ENOENT ? kNotFound
-                           : failure.err == EACCES ? kPermissionDenied
-                                                  : kInvalidArgument,
-                     "working directory '" + cwd + "': " + why);
-            case ChildFailure::kExec:
-                if (failure.err == ENOENT)
-                    fail(conn, kNotFound,
-                         "executable '" + argv[0] + "' not found" +
-                             (argv[0].find('/') == std::string::npos
-                                  ? " in PATH (" + env_value(env, "PATH") + ")"
-                                  : std::string()));
-                fail(conn, failure.err == EACCES ? kPermissionDenied : kInvalidArgument,
-                     "exec '" + argv[0] + "': " + why);
-            case ChildFailure::kIdentity:
-                fail(conn, kInternal,
-                     std::string("setting up user ") + std::to_string(identity.uid) + " (" +
-                         failure.detail + "): " + why);
-            case ChildFailure::kStdio:
-                fail(conn, kInternal, "setting up stdio: " + why);
-        }
-    }
-    report_read.reset();
+    if (got != static_cast<ssize_t>(sizeof failure)) return pid;
 
-    v1::init::FromSandbox started;
-    started.mutable_started()->set_pid(pid);
-    send(conn, started);
-
-    int main_status = 0;
-    bool main_done = false, killed = false;
-    while (!main_done) {
-        pollfd fds[2] = {{conn, POLLIN, 0}, {children.get(), POLLIN, 0}};
-        if (::poll(fds, 2, -1) < 0) continue;
-        if (fds[1].revents & POLLIN) {
-            signalfd_siginfo info;
-            while (::read(children.get(), &info, sizeof info) == sizeof info) {
+    ::waitpid(pid, nullptr, 0);
+    const std::string why = strerror(failure.err);
+    switch (failure.stage) {
+        case ChildFailure::kCwd:
+            return CommandFailure{failure.err == ENOENT   ? kNotFound
+                                  : failure.err == EACCES ? kPermissionDenied
+                                                          : kInvalidArgument,
+                                  "working directory '" + cwd + "': " + why};
+        case ChildFailure::kExec:
+            if (failure.err == ENOENT) {
+                return CommandFailure{kNotFound, "executable '" + argv[0] + "' not found" +
+                                                     (argv[0].find('/') == std::string::npos
+                                                          ? " in PATH (" + env_value(env, "PATH") + ")"
+                                                          : std::string())};
             }
-            int st;
-            pid_t reaped;
-            while ((reaped = ::waitpid(-1, &st, WNOHANG)) > 0) {
-                if (reaped == pid) {
-                    main_status = st;
-                    main_done = true;
-                }
+            return CommandFailure{failure.err == EACCES ? kPermissionDenied : kInvalidArgument,
+                                  "exec '" + argv[0] + "': " + why};
+        case ChildFailure::kIdentity:
+            return CommandFailure{kInternal, "setting up user " + std::to_string(identity.uid) +
+                                                 " (" + failure.detail + "): " + why};
+        case ChildFailure::kStdio:
+            break;
+    }
+    return CommandFailure{kInternal, "setting up stdio: " + why};
+}
+
+void kill_command_tree(pid_t main) {
+    // Stop first, kill after: a stopped process can neither fork nor exit, so the tree
+    // holds still while we walk it (the command is its descendants' subreaper, so even
+    // double-forked, setsid'd ones are in it). Then SIGKILL, which ends stopped ones too.
+    std::set<pid_t> stopped;
+    for (int round = 0; round < 1000; ++round) {
+        bool added = false;
+        for (pid_t p : tree_of({main})) {
+            if (stopped.insert(p).second) {
+                ::kill(p, SIGSTOP);
+                added = true;
             }
         }
-        if (!main_done && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-            v1::init::ToSandbox msg;
-            wire::ReadStatus rs;
-            try {
-                rs = wire::read_frame(conn, msg, wire::kInitMaxFrame);
-            } catch (const std::exception&) {
-                rs = wire::ReadStatus::eof;
-            }
-            if (rs == wire::ReadStatus::ok && msg.has_signal() &&
-                msg.signal().signal() != SIGKILL) {
-                ::kill(pid, msg.signal().signal());
-                continue;
-            }
-            // SIGKILL asked for, the daemon gone, or garbage: end everything the exec started.
-            killed = true;
-            kill_tree(pid, &main_status);
-            main_done = true;
-            if (rs != wire::ReadStatus::ok) ::_exit(0);
-        }
+        if (!added) break;
     }
-
-    v1::init::FromSandbox exited;
-    auto* e = exited.mutable_exited();
-    if (WIFSIGNALED(main_status)) {
-        e->set_signal(WTERMSIG(main_status));
-    } else {
-        e->set_exit_code(WEXITSTATUS(main_status));
-    }
-    e->set_killed_by_request(killed);
-    send(conn, exited);
-    ::_exit(0);
+    for (pid_t p : stopped) ::kill(p, SIGKILL);
 }
 
 }  // namespace berth::init
