@@ -10,11 +10,11 @@ namespace berth {
 
 // A failed system call. what() reads like "open /run/berth/x: Permission denied (errno 13)".
 class SysError : public std::runtime_error {
-public:
+  public:
     SysError(std::string_view call, std::string_view subject, int err);
     int code() const { return err_; }
 
-private:
+  private:
     int err_;
 };
 

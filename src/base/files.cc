@@ -11,7 +11,8 @@
 namespace berth {
 
 std::string read_file(const std::string& path) {
-    UniqueFd fd(check_sys("open", path, [&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
+    UniqueFd fd(
+        check_sys("open", path, [&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
     std::string out;
     char buf[8192];
     for (;;) {
@@ -25,7 +26,8 @@ std::string read_file(const std::string& path) {
 void write_file(const std::string& path, std::string_view data) {
     UniqueFd fd(
         check_sys("open", path, [&] { return ::open(path.c_str(), O_WRONLY | O_CLOEXEC); }));
-    ssize_t n = check_sys("write", path, [&] { return ::write(fd.get(), data.data(), data.size()); });
+    ssize_t n =
+        check_sys("write", path, [&] { return ::write(fd.get(), data.data(), data.size()); });
     if (static_cast<size_t>(n) != data.size()) throw_sys("write (short)", path, EIO);
 }
 

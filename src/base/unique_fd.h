@@ -8,7 +8,7 @@
 namespace berth {
 
 class UniqueFd {
-public:
+  public:
     UniqueFd() = default;
     explicit UniqueFd(int fd) : fd_(fd) {}
     UniqueFd(const UniqueFd&) = delete;
@@ -33,7 +33,7 @@ public:
         if (old >= 0) ::close(old);
     }
 
-private:
+  private:
     int fd_ = -1;
 };
 

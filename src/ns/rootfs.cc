@@ -22,20 +22,28 @@ namespace {
 
 // Host device nodes that a sandbox may use. Creating device nodes needs CAP_MKNOD in the
 // initial user namespace, so they are bind mounts of the host's nodes instead.
-constexpr std::array<const char*, 6> kDevices = {"null", "zero", "full", "random", "urandom",
-                                                 "tty"};
+constexpr std::array<const char*, 6> kDevices = {"null",   "zero",    "full",
+                                                 "random", "urandom", "tty"};
 
 // Docker's masked paths: files get /dev/null over them, directories an empty read-only tmpfs.
-constexpr std::array<const char*, 12> kMaskedPaths = {
-    "/proc/asound",        "/proc/acpi",        "/proc/kcore",       "/proc/keys",
-    "/proc/latency_stats", "/proc/timer_list",  "/proc/timer_stats", "/proc/sched_debug",
-    "/proc/scsi",          "/sys/firmware",     "/sys/devices/virtual/powercap",
-    "/proc/interrupts"};
+constexpr std::array<const char*, 12> kMaskedPaths = {"/proc/asound",
+                                                      "/proc/acpi",
+                                                      "/proc/kcore",
+                                                      "/proc/keys",
+                                                      "/proc/latency_stats",
+                                                      "/proc/timer_list",
+                                                      "/proc/timer_stats",
+                                                      "/proc/sched_debug",
+                                                      "/proc/scsi",
+                                                      "/sys/firmware",
+                                                      "/sys/devices/virtual/powercap",
+                                                      "/proc/interrupts"};
 
 constexpr std::array<const char*, 5> kReadOnlyPaths = {"/proc/bus", "/proc/fs", "/proc/irq",
                                                        "/proc/sys", "/proc/sysrq-trigger"};
 
-UniqueFd new_filesystem(const char* type, const std::vector<std::pair<const char*, const char*>>& opts,
+UniqueFd new_filesystem(const char* type,
+                        const std::vector<std::pair<const char*, const char*>>& opts,
                         unsigned attrs) {
     UniqueFd fs(check_sys("fsopen", type, [&] { return ::fsopen(type, FSOPEN_CLOEXEC); }));
     for (const auto& [key, value] : opts) {
@@ -46,8 +54,8 @@ UniqueFd new_filesystem(const char* type, const std::vector<std::pair<const char
     }
     check_sys("fsconfig create", type,
               [&] { return ::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0); });
-    return UniqueFd(check_sys("fsmount", type,
-                              [&] { return ::fsmount(fs.get(), FSMOUNT_CLOEXEC, attrs); }));
+    return UniqueFd(
+        check_sys("fsmount", type, [&] { return ::fsmount(fs.get(), FSMOUNT_CLOEXEC, attrs); }));
 }
 
 void attach(int mount_fd, const std::string& target) {
@@ -93,9 +101,8 @@ void mask(const std::string& path) {
     if (S_ISDIR(st.st_mode)) {
         mount_tmpfs(path, "size=0,mode=755", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC);
     } else {
-        check_sys("mask", path, [&] {
-            return ::mount("/dev/null", path.c_str(), nullptr, MS_BIND, nullptr);
-        });
+        check_sys("mask", path,
+                  [&] { return ::mount("/dev/null", path.c_str(), nullptr, MS_BIND, nullptr); });
     }
 }
 
@@ -186,10 +193,10 @@ void enter_rootfs(int overlay_fd, const std::string& mountpoint) {
     // refuses a new proc or sysfs in a user namespace that could not see one), and the
     // host device nodes to bind: all as detached mounts, attached after the pivot, so every
     // target path resolves inside the new root whatever symlinks the image holds.
-    UniqueFd proc = new_filesystem("proc", {}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+    UniqueFd proc =
+        new_filesystem("proc", {}, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     UniqueFd sys = new_filesystem(
-        "sysfs", {},
-        MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+        "sysfs", {}, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     std::vector<UniqueFd> devices;
     for (const char* name : kDevices) {
         const std::string host = std::string("/dev/") + name;

@@ -1,10 +1,10 @@
 // berth: the command-line client, docker-like.
+#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <google/protobuf/util/json_util.h>
 #include <cstdio>
 #include <iostream>
 
@@ -27,10 +27,14 @@ uint64_t parse_size(const std::string& text) {
     double value = std::stod(text, &pos);
     std::string unit = text.substr(pos);
     double mult = 1;
-    if (unit == "k" || unit == "K" || unit == "KiB" || unit == "kb") mult = 1024.0;
-    else if (unit == "m" || unit == "M" || unit == "MiB" || unit == "mb") mult = 1024.0 * 1024;
-    else if (unit == "g" || unit == "G" || unit == "GiB" || unit == "gb") mult = 1024.0 * 1024 * 1024;
-    else if (!unit.empty() && unit != "b" && unit != "B") throw std::invalid_argument("bad size unit '" + unit + "'");
+    if (unit == "k" || unit == "K" || unit == "KiB" || unit == "kb")
+        mult = 1024.0;
+    else if (unit == "m" || unit == "M" || unit == "MiB" || unit == "mb")
+        mult = 1024.0 * 1024;
+    else if (unit == "g" || unit == "G" || unit == "GiB" || unit == "gb")
+        mult = 1024.0 * 1024 * 1024;
+    else if (!unit.empty() && unit != "b" && unit != "B")
+        throw std::invalid_argument("bad size unit '" + unit + "'");
     if (value < 0) throw std::invalid_argument("negative size");
     return static_cast<uint64_t>(value * mult);
 }
@@ -50,9 +54,11 @@ struct CreateOptions {
     double cpus = 0;
     uint64_t pids = 0;
     void add_to(CLI::App* cmd) {
-        cmd->add_option("--rootfs", rootfs, "root filesystem directory (the overlay's lower layer)")->required();
+        cmd->add_option("--rootfs", rootfs, "root filesystem directory (the overlay's lower layer)")
+            ->required();
         cmd->add_option("--name", name, "a unique name");
-        cmd->add_option("--hostname", hostname, "hostname inside (default: the id's first 12 chars)");
+        cmd->add_option("--hostname", hostname,
+                        "hostname inside (default: the id's first 12 chars)");
         cmd->add_option("-m,--memory", memory, "memory limit, e.g. 512m, 2g (swap off)");
         cmd->add_option("--cpus", cpus, "cpu limit, fractional allowed");
         cmd->add_option("--pids", pids, "process limit (default 4096)");
@@ -83,7 +89,8 @@ struct ExecOptions {
         // One value per -e: CLI11 would otherwise swallow the command after `--` too.
         cmd->add_option("-e,--env", env, "K=V environment variable (repeatable)")
             ->allow_extra_args(false);
-        cmd->add_option("--timeout", timeout, "seconds; then the whole process tree is killed (exit 124)");
+        cmd->add_option("--timeout", timeout,
+                        "seconds; then the whole process tree is killed (exit 124)");
         cmd->add_flag("-i,--interactive", interactive, "pass stdin to the command");
     }
     v1::Exec request(const std::string& sandbox) const {
@@ -110,7 +117,8 @@ int run_exec(Client& c, const v1::Exec& request, bool interactive) {
         std::cerr << "berth: timed out; the command's process tree was killed" << std::endl;
         return kExitTimeout;
     }
-    if (exit.oom_killed()) std::cerr << "berth: killed by the OOM killer (memory limit)" << std::endl;
+    if (exit.oom_killed())
+        std::cerr << "berth: killed by the OOM killer (memory limit)" << std::endl;
     if (exit.signal()) return 128 + exit.signal();
     return exit.exit_code();
 }
@@ -127,9 +135,11 @@ int doctor(const std::string& socket) {
     std::cout << "kernel:          " << u.release << "\n";
     try {
         auto host = cgroup::probe_host();
-        std::cout << "cgroup driver:   " << (host.version == cgroup::Version::v2 ? "v2" : "v1") << "\n";
+        std::cout << "cgroup driver:   " << (host.version == cgroup::Version::v2 ? "v2" : "v1")
+                  << "\n";
         std::cout << "  why:           " << host.reason << "\n";
-        std::cout << "  cgroup2 mount: " << (host.unified_mount.empty() ? "(none)" : host.unified_mount) << "\n";
+        std::cout << "  cgroup2 mount: "
+                  << (host.unified_mount.empty() ? "(none)" : host.unified_mount) << "\n";
         std::cout << "  v2 controllers:";
         for (auto& c : host.v2_controllers) std::cout << ' ' << c;
         std::cout << "\n  v1 controllers:";
@@ -193,7 +203,8 @@ int main(int argc, char** argv) {
     run_create.add_to(run);
     run_exec_opts.add_to(run);
     run->add_flag("--rm", run_rm, "delete the sandbox when the command ends");
-    run->add_option("command", run_exec_opts.command, "command and arguments (after --)")->required();
+    run->add_option("command", run_exec_opts.command, "command and arguments (after --)")
+        ->required();
 
     bool ps_json = false, ps_quiet = false;
     auto* ps = app.add_subcommand("ps", "list sandboxes");
@@ -210,7 +221,8 @@ int main(int argc, char** argv) {
     rm->add_option("sandbox", rm_targets)->required();
     rm->add_flag("-f,--force", rm_force, "no error for sandboxes that do not exist");
 
-    auto* doctor_cmd = app.add_subcommand("doctor", "show what this host supports and what berth uses");
+    auto* doctor_cmd =
+        app.add_subcommand("doctor", "show what this host supports and what berth uses");
     auto* version = app.add_subcommand("version", "print versions");
 
     CLI11_PARSE(app, argc, argv);
@@ -236,7 +248,8 @@ int main(int argc, char** argv) {
             std::cout << c.call(m).create().sandbox().id() << std::endl;
             return 0;
         }
-        if (exec->parsed()) return run_exec(c, exec_opts.request(exec_target), exec_opts.interactive);
+        if (exec->parsed())
+            return run_exec(c, exec_opts.request(exec_target), exec_opts.interactive);
         if (run->parsed()) {
             v1::ClientMessage m;
             // With --rm the sandbox lives on this connection's lease: if we die, it goes too.
@@ -255,8 +268,10 @@ int main(int argc, char** argv) {
                 }
                 throw;
             }
-            if (run_rm) c.call(message_delete(id));
-            else std::cerr << id << std::endl;
+            if (run_rm)
+                c.call(message_delete(id));
+            else
+                std::cerr << id << std::endl;
             return code;
         }
         if (ps->parsed()) {
@@ -271,7 +286,8 @@ int main(int argc, char** argv) {
                 std::printf("%-14s %-20s %-8s %-8s %s\n", "ID", "NAME", "PID", "STATE", "ROOTFS");
                 for (const auto& s : list.sandboxes()) {
                     std::printf("%-14s %-20s %-8d %-8s %s\n", s.id().substr(0, 12).c_str(),
-                                s.name().c_str(), s.init_pid(), s.state().c_str(), s.rootfs().c_str());
+                                s.name().c_str(), s.init_pid(), s.state().c_str(),
+                                s.rootfs().c_str());
                 }
             }
             return 0;

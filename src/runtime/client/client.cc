@@ -50,9 +50,12 @@ v1::ServerMessage Client::receive() {
     } catch (const std::exception& e) {
         throw ClientError(v1::UNAVAILABLE, std::string("connection to berthd lost: ") + e.what());
     }
-    if (status == wire::ReadStatus::eof) throw ClientError(v1::UNAVAILABLE, "berthd closed the connection");
-    if (status != wire::ReadStatus::ok) throw ClientError(v1::INTERNAL, "berthd sent a malformed frame");
-    if (msg.has_error() && msg.id() == 0) throw ClientError(msg.error().code(), msg.error().message());
+    if (status == wire::ReadStatus::eof)
+        throw ClientError(v1::UNAVAILABLE, "berthd closed the connection");
+    if (status != wire::ReadStatus::ok)
+        throw ClientError(v1::INTERNAL, "berthd sent a malformed frame");
+    if (msg.has_error() && msg.id() == 0)
+        throw ClientError(msg.error().code(), msg.error().message());
     return msg;
 }
 

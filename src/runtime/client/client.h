@@ -13,7 +13,7 @@ namespace berth::client {
 
 // An Error reply from the daemon (or a broken connection, as UNAVAILABLE).
 class ClientError : public std::runtime_error {
-public:
+  public:
     ClientError(v1::ErrorCode code, const std::string& message)
         : std::runtime_error(message), code(code) {}
     v1::ErrorCode code;
@@ -23,7 +23,7 @@ public:
 std::string default_socket_path();
 
 class Client {
-public:
+  public:
     // Connects and says Hello. Throws ClientError.
     explicit Client(const std::string& socket_path = default_socket_path());
 
@@ -41,7 +41,7 @@ public:
     const v1::HelloReply& hello() const { return hello_; }
     int fd() const { return fd_.get(); }
 
-private:
+  private:
     uint64_t next_id() { return ++last_id_; }
     void send(const v1::ClientMessage& msg);
     v1::ServerMessage receive();

@@ -56,7 +56,8 @@ void ExecOperation::start(const v1::Exec& request) {
     UniqueFd in_r, in_w;
     if (request.stdin()) {
         if (::pipe2(in, O_CLOEXEC) != 0) {
-            finish_with_error(v1::RESOURCE_EXHAUSTED, std::string("pipe2: ") + std::strerror(errno));
+            finish_with_error(v1::RESOURCE_EXHAUSTED,
+                              std::string("pipe2: ") + std::strerror(errno));
             return;
         }
         in_r.reset(in[0]);
@@ -177,32 +178,33 @@ void ExecOperation::read_stream(Stream& s) {
     if (s.eof || finished_ || exited_) return;
     s.reading = true;
     auto self = shared_from_this();
-    s.desc.async_read_some(asio::buffer(s.buf), [this, self, &s](boost::system::error_code ec,
-                                                                  size_t n) {
-        s.reading = false;
-        if (finished_) return;
-        if (n > 0) {
-            if (auto session = session_.lock()) {
-                v1::ServerMessage msg;
-                msg.set_id(request_id_);
-                auto* o = msg.mutable_exec_output();
-                o->set_stream(s.kind);
-                o->set_data(s.buf.data(), n);
-                session->send(msg);
-            }
-        }
-        if (ec && ec != asio::error::operation_aborted) s.eof = true;
-        if (exited_ || s.eof) {
-            maybe_finish();
-            return;
-        }
-        auto session = session_.lock();
-        if (!session) return;
-        // Backpressure: a slow client slows the command, not the daemon's memory.
-        session->socket->when_drained([this, self, &s] {
-            if (!finished_) read_stream(s);
-        });
-    });
+    s.desc.async_read_some(asio::buffer(s.buf),
+                           [this, self, &s](boost::system::error_code ec, size_t n) {
+                               s.reading = false;
+                               if (finished_) return;
+                               if (n > 0) {
+                                   if (auto session = session_.lock()) {
+                                       v1::ServerMessage msg;
+                                       msg.set_id(request_id_);
+                                       auto* o = msg.mutable_exec_output();
+                                       o->set_stream(s.kind);
+                                       o->set_data(s.buf.data(), n);
+                                       session->send(msg);
+                                   }
+                               }
+                               if (ec && ec != asio::error::operation_aborted) s.eof = true;
+                               if (exited_ || s.eof) {
+                                   maybe_finish();
+                                   return;
+                               }
+                               auto session = session_.lock();
+                               if (!session) return;
+                               // Backpressure: a slow client slows the command, not the daemon's
+                               // memory.
+                               session->socket->when_drained([this, self, &s] {
+                                   if (!finished_) read_stream(s);
+                               });
+                           });
 }
 
 void ExecOperation::maybe_finish() {
@@ -241,10 +243,10 @@ void ExecOperation::maybe_finish() {
             } catch (const std::exception&) {
             }
         }
-        e->set_duration_us(static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
-                                                                  started_at_)
-                .count()));
+        e->set_duration_us(
+            static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                      std::chrono::steady_clock::now() - started_at_)
+                                      .count()));
         session->send(msg);
     }
     done();

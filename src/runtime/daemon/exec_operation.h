@@ -17,7 +17,7 @@ namespace berth::daemon {
 class Session;
 
 class ExecOperation : public std::enable_shared_from_this<ExecOperation> {
-public:
+  public:
     ExecOperation(asio::io_context& io, std::shared_ptr<Session> session, uint64_t request_id,
                   Sandbox& sandbox, int dev_null);
     ~ExecOperation();
@@ -25,11 +25,11 @@ public:
     // Validates and starts; errors are reported to the client and end the operation.
     void start(const v1::Exec& request);
     void input(const v1::ExecInput& in);
-    void cancel();                 // the client asked: kill the tree, report canceled
-    void abandon();                // the client is gone: kill the tree, report nothing
+    void cancel();   // the client asked: kill the tree, report canceled
+    void abandon();  // the client is gone: kill the tree, report nothing
     bool finished() const { return finished_; }
 
-private:
+  private:
     struct Stream;
     void on_init_frame(FramedSocket::Event event, std::string&& payload);
     void read_stream(Stream& s);

@@ -16,15 +16,19 @@ void FramedSocket::start(Handler handler) {
     read_header();
 }
 
+void FramedSocket::notify_closed() {
+    // Once: a read error and the close() that follows it must not both report it.
+    if (closed_notified_) return;
+    closed_notified_ = true;
+    handler_(Event::closed, {});
+}
+
 void FramedSocket::read_header() {
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(header_, 4),
                      [this, self](boost::system::error_code ec, size_t) {
                          if (ec) {
-                             if (!closed_notified_) {
-                                 closed_notified_ = true;
-                                 handler_(Event::closed, {});
-                             }
+                             notify_closed();
                              return;
                          }
                          uint32_t length = wire::decode_length(header_);
@@ -39,17 +43,15 @@ void FramedSocket::read_header() {
 void FramedSocket::read_body(uint32_t length) {
     body_.resize(length);
     auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(body_), [this, self](boost::system::error_code ec, size_t) {
-        if (ec) {
-            if (!closed_notified_) {
-                closed_notified_ = true;
-                handler_(Event::closed, {});
-            }
-            return;
-        }
-        handler_(Event::frame, std::move(body_));
-        if (socket_.is_open() && !closing_) read_header();
-    });
+    asio::async_read(socket_, asio::buffer(body_),
+                     [this, self](boost::system::error_code ec, size_t) {
+                         if (ec) {
+                             notify_closed();
+                             return;
+                         }
+                         handler_(Event::frame, std::move(body_));
+                         if (socket_.is_open() && !closing_) read_header();
+                     });
 }
 
 void FramedSocket::send(std::string frame) {

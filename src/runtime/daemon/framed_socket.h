@@ -14,7 +14,7 @@ namespace asio = boost::asio;
 using UnixSocket = asio::local::stream_protocol::socket;
 
 class FramedSocket : public std::enable_shared_from_this<FramedSocket> {
-public:
+  public:
     enum class Event { frame, closed, too_large };
     // Called for each frame (payload without header), on EOF/error (closed), or when a
     // frame exceeds the cap (too_large; the connection can no longer be read).
@@ -34,11 +34,12 @@ public:
     void when_drained(std::function<void()> f);
     int native_handle() { return socket_.native_handle(); }
 
-private:
+  private:
     void read_header();
     void read_body(uint32_t length);
     void write_next();
     void notify_drained();
+    void notify_closed();
 
     UnixSocket socket_;
     uint32_t max_frame_;

@@ -11,14 +11,14 @@
 namespace berth::daemon {
 
 class HelperClient {
-public:
+  public:
     using Callback = std::function<void(const v1::helper::Reply&)>;
 
     // `on_lost` runs if the helper goes away: the daemon cannot work without it.
     HelperClient(std::shared_ptr<FramedSocket> channel, std::function<void()> on_lost);
     void call(v1::helper::Request request, Callback done);
 
-private:
+  private:
     std::shared_ptr<FramedSocket> channel_;
     std::function<void()> on_lost_;
     uint64_t next_id_ = 1;

@@ -56,7 +56,8 @@ void drop_privileges(uid_t uid, gid_t gid) {
     check_sys("setgroups", "[berth]", [&] { return ::setgroups(1, &gid); });
     check_sys("setresgid", std::to_string(gid), [&] { return ::setresgid(gid, gid, gid); });
     check_sys("setresuid", std::to_string(uid), [&] { return ::setresuid(uid, uid, uid); });
-    if (uid != 0 && ::setuid(0) == 0) throw std::runtime_error("could regain root after dropping it");
+    if (uid != 0 && ::setuid(0) == 0)
+        throw std::runtime_error("could regain root after dropping it");
     ::prctl(PR_SET_NO_NEW_PRIVS, 1);
 }
 
@@ -72,9 +73,11 @@ int main(int argc, char** argv) {
     std::string cgroup_parent = "berth";
     double lease_seconds = 60;
     uint32_t max_frame = wire::kDefaultMaxFrame;
-    app.add_option("--runtime-dir", runtime_dir, "sockets and sandbox state (env BERTH_RUNTIME_DIR)");
+    app.add_option("--runtime-dir", runtime_dir,
+                   "sockets and sandbox state (env BERTH_RUNTIME_DIR)");
     app.add_option("--state-dir", state_dir, "writable layers (env BERTH_STATE_DIR)");
-    app.add_option("--socket", socket_path, "client socket (env BERTH_SOCKET; default RUNTIME_DIR/berth.sock)");
+    app.add_option("--socket", socket_path,
+                   "client socket (env BERTH_SOCKET; default RUNTIME_DIR/berth.sock)");
     app.add_option("--user", user, "the unprivileged user berthd runs as");
     app.add_option("--group", group, "the group whose members may use berth");
     app.add_option("--helper", helper_path, "path of berth-helper");
@@ -89,10 +92,13 @@ int main(int argc, char** argv) {
         if (::geteuid() != 0) {
             throw std::runtime_error(
                 "berthd must be started as root: it starts the privileged berth-helper and then "
-                "drops to user '" + user + "' (rootless mode is not available yet)");
+                "drops to user '" +
+                user + "' (rootless mode is not available yet)");
         }
         struct passwd* pw = ::getpwnam(user.c_str());
-        if (!pw) throw std::runtime_error("user '" + user + "' does not exist (scripts/install-deps creates it)");
+        if (!pw)
+            throw std::runtime_error("user '" + user +
+                                     "' does not exist (scripts/install-deps creates it)");
         struct group* gr = ::getgrnam(group.c_str());
         if (!gr) throw std::runtime_error("group '" + group + "' does not exist");
         const uid_t uid = pw->pw_uid;
@@ -110,11 +116,11 @@ int main(int argc, char** argv) {
         check_sys("socketpair", "helper channel",
                   [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair); });
         UniqueFd ours(pair[0]), theirs(pair[1]);
-        start_helper(helper_path, theirs.get(),
-                     {"--channel-fd", std::to_string(theirs.get()), "--runtime-dir", runtime_dir,
-                      "--state-dir", state_dir, "--service-user", user, "--daemon-uid",
-                      std::to_string(uid), "--daemon-gid", std::to_string(gid), "--cgroup-parent",
-                      cgroup_parent});
+        start_helper(
+            helper_path, theirs.get(),
+            {"--channel-fd", std::to_string(theirs.get()), "--runtime-dir", runtime_dir,
+             "--state-dir", state_dir, "--service-user", user, "--daemon-uid", std::to_string(uid),
+             "--daemon-gid", std::to_string(gid), "--cgroup-parent", cgroup_parent});
         theirs.reset();
 
         drop_privileges(uid, gid);
@@ -147,7 +153,8 @@ int main(int argc, char** argv) {
 
         boost::asio::signal_set signals(io, SIGINT, SIGTERM);
         signals.async_wait([&](boost::system::error_code, int sig) {
-            std::cerr << "berthd: signal " << sig << ", stopping (sandboxes keep running)" << std::endl;
+            std::cerr << "berthd: signal " << sig << ", stopping (sandboxes keep running)"
+                      << std::endl;
             server.stop();
         });
         ::signal(SIGPIPE, SIG_IGN);

@@ -1,11 +1,10 @@
 #include "runtime/daemon/sandboxes.h"
 
 #include <dirent.h>
+#include <google/protobuf/util/json_util.h>
 #include <sys/stat.h>
 
 #include <cstring>
-
-#include <google/protobuf/util/json_util.h>
 #include <nlohmann/json.hpp>
 
 #include "base/files.h"
@@ -97,8 +96,8 @@ std::vector<SandboxRegistry::Found> SandboxRegistry::scan() const {
     DIR* d = ::opendir(dir.c_str());
     if (!d) {
         if (errno != ENOENT) {
-            throw std::runtime_error("cannot list " + dir + " to reattach sandboxes: " +
-                                     std::strerror(errno));
+            throw std::runtime_error("cannot list " + dir +
+                                     " to reattach sandboxes: " + std::strerror(errno));
         }
         return out;
     }

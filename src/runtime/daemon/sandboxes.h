@@ -27,7 +27,7 @@ struct Sandbox {
 };
 
 class SandboxRegistry {
-public:
+  public:
     SandboxRegistry(std::string runtime_dir, cgroup::Driver* driver);
 
     // Finds by full id, unique id prefix (4+ chars) or name. Sets `error` when ambiguous.
@@ -56,7 +56,7 @@ public:
 
     cgroup::Driver* driver() const { return driver_; }
 
-private:
+  private:
     std::string runtime_dir_;
     cgroup::Driver* driver_;
     std::map<std::string, std::unique_ptr<Sandbox>> by_id_;

@@ -42,11 +42,15 @@ v1::ErrorCode code_from_helper(uint32_t code) {
     return static_cast<v1::ErrorCode>(code);
 }
 
-void log(const std::string& line) { std::cerr << "berthd: " << line << std::endl; }
+void log(const std::string& line) {
+    std::cerr << "berthd: " << line << std::endl;
+}
 
 }  // namespace
 
-void Session::send(const v1::ServerMessage& msg) { socket->send(wire::encode_frame(msg)); }
+void Session::send(const v1::ServerMessage& msg) {
+    socket->send(wire::encode_frame(msg));
+}
 
 void Session::send_error(uint64_t request_id, v1::ErrorCode code, const std::string& message) {
     v1::ServerMessage msg;
@@ -127,9 +131,9 @@ void Server::on_connection(UnixSocket socket) {
     auto framed = std::make_shared<FramedSocket>(std::move(socket), config_.max_frame);
     auto session = std::make_shared<Session>(next_session_++, framed);
     if (!allowed) {
-        session->send_error(0, v1::PERMISSION_DENIED,
-                            who + " is neither root nor in group '" + config_.allowed_group_name +
-                                "'");
+        session->send_error(
+            0, v1::PERMISSION_DENIED,
+            who + " is neither root nor in group '" + config_.allowed_group_name + "'");
         framed->close_after_flush();
         return;
     }
@@ -191,7 +195,8 @@ void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& pay
         case v1::ClientMessage::kExecInput: {
             auto it = session->execs.find(id);
             if (it == session->execs.end()) {
-                session->send_error(id, v1::NOT_FOUND, "no running exec with id " + std::to_string(id));
+                session->send_error(id, v1::NOT_FOUND,
+                                    "no running exec with id " + std::to_string(id));
                 return;
             }
             it->second->input(msg.exec_input());
@@ -200,7 +205,8 @@ void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& pay
         case v1::ClientMessage::kCancel: {
             auto it = session->execs.find(id);
             if (it == session->execs.end()) {
-                session->send_error(id, v1::NOT_FOUND, "no running exec with id " + std::to_string(id));
+                session->send_error(id, v1::NOT_FOUND,
+                                    "no running exec with id " + std::to_string(id));
                 return;
             }
             it->second->cancel();
@@ -219,7 +225,16 @@ void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& pay
     }
 }
 
-void Server::handle_hello(const std::shared_ptr<Session>& session, uint64_t id, const v1::Hello& hello) {
+Sandbox* Server::find_or_reply(const std::shared_ptr<Session>& session, uint64_t id,
+                               const std::string& key) {
+    std::string error;
+    Sandbox* sandbox = registry_.find(key, &error);
+    if (!sandbox) session->send_error(id, v1::NOT_FOUND, error);
+    return sandbox;
+}
+
+void Server::handle_hello(const std::shared_ptr<Session>& session, uint64_t id,
+                          const v1::Hello& hello) {
     if (hello.protocol_version() != wire::kProtocolVersion) {
         session->send_error(id, v1::INVALID_ARGUMENT,
                             "protocol version " + std::to_string(hello.protocol_version()) +
@@ -250,7 +265,8 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
                             "name '" + req.name() + "' must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
         return;
     }
-    if (!req.name().empty() && (registry_.name_taken(req.name()) || pending_names_.count(req.name()))) {
+    if (!req.name().empty() &&
+        (registry_.name_taken(req.name()) || pending_names_.count(req.name()))) {
         session->send_error(id, v1::ALREADY_EXISTS, "a sandbox named '" + req.name() + "' exists");
         return;
     }
@@ -278,12 +294,13 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
 
     std::weak_ptr<Session> weak = session;
     const uint64_t session_id = session->id;
-    helper_.call(std::move(hreq), [this, weak, session_id, id, req, sandbox_id, hostname](
-                                      const v1::helper::Reply& reply) {
+    helper_.call(std::move(hreq), [this, weak, session_id, id, req, sandbox_id,
+                                   hostname](const v1::helper::Reply& reply) {
         pending_names_.erase(req.name());
         auto session = weak.lock();
         if (!reply.error().empty()) {
-            if (session) session->send_error(id, code_from_helper(reply.error_code()), reply.error());
+            if (session)
+                session->send_error(id, code_from_helper(reply.error_code()), reply.error());
             return;
         }
         const auto& created = reply.created();
@@ -323,24 +340,24 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
     });
 }
 
-void Server::handle_exec(const std::shared_ptr<Session>& session, uint64_t id, const v1::Exec& req) {
-    std::string error;
-    Sandbox* sandbox = registry_.find(req.sandbox(), &error);
-    if (!sandbox) {
-        session->send_error(id, v1::NOT_FOUND, error);
-        return;
-    }
+void Server::handle_exec(const std::shared_ptr<Session>& session, uint64_t id,
+                         const v1::Exec& req) {
+    Sandbox* sandbox = find_or_reply(session, id, req.sandbox());
+    if (!sandbox) return;
     if (sandbox->deleting) {
-        session->send_error(id, v1::UNAVAILABLE, "sandbox " + sandbox->info.id() + " is being deleted");
+        session->send_error(id, v1::UNAVAILABLE,
+                            "sandbox " + sandbox->info.id() + " is being deleted");
         return;
     }
     if (sandbox->info.state() == "dead") {
-        session->send_error(id, v1::UNAVAILABLE,
-                            "sandbox " + sandbox->info.id() + " is dead (its init exited); delete it");
+        session->send_error(
+            id, v1::UNAVAILABLE,
+            "sandbox " + sandbox->info.id() + " is dead (its init exited); delete it");
         return;
     }
     if (session->execs.count(id)) {
-        session->send_error(id, v1::INVALID_ARGUMENT, "request id " + std::to_string(id) + " is in use");
+        session->send_error(id, v1::INVALID_ARGUMENT,
+                            "request id " + std::to_string(id) + " is in use");
         return;
     }
     auto op = std::make_shared<ExecOperation>(io_, session, id, *sandbox, dev_null_);
@@ -366,12 +383,8 @@ void Server::delete_sandbox(const std::string& sandbox_id,
 
 void Server::handle_delete(const std::shared_ptr<Session>& session, uint64_t id,
                            const v1::DeleteSandbox& req) {
-    std::string error;
-    Sandbox* sandbox = registry_.find(req.sandbox(), &error);
-    if (!sandbox) {
-        session->send_error(id, v1::NOT_FOUND, error);
-        return;
-    }
+    Sandbox* sandbox = find_or_reply(session, id, req.sandbox());
+    if (!sandbox) return;
     std::weak_ptr<Session> weak = session;
     delete_sandbox(sandbox->info.id(), [weak, id](v1::ErrorCode code, std::string message) {
         auto session = weak.lock();
@@ -397,12 +410,8 @@ void Server::handle_list(const std::shared_ptr<Session>& session, uint64_t id) {
 
 void Server::handle_inspect(const std::shared_ptr<Session>& session, uint64_t id,
                             const v1::InspectSandbox& req) {
-    std::string error;
-    Sandbox* sandbox = registry_.find(req.sandbox(), &error);
-    if (!sandbox) {
-        session->send_error(id, v1::NOT_FOUND, error);
-        return;
-    }
+    Sandbox* sandbox = find_or_reply(session, id, req.sandbox());
+    if (!sandbox) return;
     v1::ServerMessage msg;
     msg.set_id(id);
     auto* reply = msg.mutable_inspect();
@@ -417,7 +426,8 @@ void Server::handle_inspect(const std::shared_ptr<Session>& session, uint64_t id
             out->set_pids(st.pids);
             out->set_oom_kills(st.oom_kills);
         } catch (const std::exception& e) {
-            session->send_error(id, v1::INTERNAL, "reading stats of " + sandbox->info.id() + ": " + e.what());
+            session->send_error(id, v1::INTERNAL,
+                                "reading stats of " + sandbox->info.id() + ": " + e.what());
             return;
         }
     }
@@ -426,12 +436,8 @@ void Server::handle_inspect(const std::shared_ptr<Session>& session, uint64_t id
 
 void Server::handle_set_persistent(const std::shared_ptr<Session>& session, uint64_t id,
                                    const v1::SetPersistent& req) {
-    std::string error;
-    Sandbox* sandbox = registry_.find(req.sandbox(), &error);
-    if (!sandbox) {
-        session->send_error(id, v1::NOT_FOUND, error);
-        return;
-    }
+    Sandbox* sandbox = find_or_reply(session, id, req.sandbox());
+    if (!sandbox) return;
     sandbox->info.set_persistent(req.persistent());
     if (req.persistent()) {
         sandbox->lease_deadline.reset();
@@ -490,7 +496,8 @@ void Server::check_leases() {
             if (!message.empty()) log("deleting " + sid + " after its lease: " + message);
         });
     }
-    auto tick = std::min<std::chrono::milliseconds>(config_.lease / 4, std::chrono::milliseconds(1000));
+    auto tick =
+        std::min<std::chrono::milliseconds>(config_.lease / 4, std::chrono::milliseconds(1000));
     lease_timer_.expires_after(std::max(tick, std::chrono::milliseconds(50)));
     lease_timer_.async_wait([this](boost::system::error_code ec) {
         if (!ec) check_leases();

@@ -3,8 +3,8 @@
 
 #include <boost/asio.hpp>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "berth.pb.h"
@@ -29,8 +29,9 @@ struct ServerConfig {
 
 // One client connection.
 class Session : public std::enable_shared_from_this<Session> {
-public:
-    Session(uint64_t id, std::shared_ptr<FramedSocket> socket) : id(id), socket(std::move(socket)) {}
+  public:
+    Session(uint64_t id, std::shared_ptr<FramedSocket> socket)
+        : id(id), socket(std::move(socket)) {}
     void send(const v1::ServerMessage& msg);
     void send_error(uint64_t request_id, v1::ErrorCode code, const std::string& message);
 
@@ -41,14 +42,14 @@ public:
 };
 
 class Server {
-public:
+  public:
     Server(asio::io_context& io, ServerConfig config, std::shared_ptr<FramedSocket> helper_channel,
            std::unique_ptr<cgroup::Driver> driver);
     // Binds the client socket, reattaches to existing sandboxes and starts serving.
     void start();
     void stop();
 
-private:
+  private:
     void accept_next();
     void on_connection(UnixSocket socket);
     void on_frame(const std::shared_ptr<Session>& session, std::string&& payload);
@@ -63,8 +64,12 @@ private:
     void handle_set_persistent(const std::shared_ptr<Session>&, uint64_t id,
                                const v1::SetPersistent&);
 
+    // The sandbox named by `key`, or nullptr after replying NOT_FOUND to request `id`.
+    Sandbox* find_or_reply(const std::shared_ptr<Session>& session, uint64_t id,
+                           const std::string& key);
     // Deletes through the helper; `done(error)` gets "" on success.
-    void delete_sandbox(const std::string& id, std::function<void(v1::ErrorCode, std::string)> done);
+    void delete_sandbox(const std::string& id,
+                        std::function<void(v1::ErrorCode, std::string)> done);
     void reattach();
     void check_leases();
     bool peer_allowed(int fd, std::string* who);

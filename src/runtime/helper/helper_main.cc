@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
 
     ::prctl(PR_SET_NAME, "berth-helper");
     // argv strings are contiguous; their span is what a sandbox's init may overwrite.
-    helper::set_process_title_area(argv[0], static_cast<size_t>(argv[argc - 1] + std::strlen(argv[argc - 1]) - argv[0]));
+    helper::set_process_title_area(
+        argv[0], static_cast<size_t>(argv[argc - 1] + std::strlen(argv[argc - 1]) - argv[0]));
     // Sandbox inits are reaped by the kernel; we follow them by pidfd.
     ::signal(SIGCHLD, SIG_IGN);
     ::signal(SIGPIPE, SIG_IGN);

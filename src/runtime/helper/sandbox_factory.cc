@@ -33,18 +33,22 @@ constexpr uint32_t kInvalidArgument = 1, kNotFound = 2, kAlreadyExists = 8, kInt
 
 bool valid_hostname(const std::string& name) {
     if (name.empty() || name.size() > 63) return false;
-    return std::all_of(name.begin(), name.end(),
-                       [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.'; });
+    return std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.';
+    });
 }
 
 UniqueFd listen_unix(const std::string& path, uid_t owner, gid_t group) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
-    if (path.size() >= sizeof addr.sun_path) throw HelperError(kInvalidArgument, "socket path too long: " + path);
+    if (path.size() >= sizeof addr.sun_path)
+        throw HelperError(kInvalidArgument, "socket path too long: " + path);
     std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    UniqueFd sock(check_sys("socket", path, [] { return ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); }));
+    UniqueFd sock(
+        check_sys("socket", path, [] { return ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0); }));
     ::unlink(path.c_str());
-    check_sys("bind", path, [&] { return ::bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr); });
+    check_sys("bind", path,
+              [&] { return ::bind(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr); });
     check_sys("chown", path, [&] { return ::chown(path.c_str(), owner, group); });
     check_sys("chmod", path, [&] { return ::chmod(path.c_str(), 0600); });
     check_sys("listen", path, [&] { return ::listen(sock.get(), 128); });
@@ -131,26 +135,29 @@ void kill_and_wait(int pidfd, const std::string& id) {
     pollfd pfd{pidfd, POLLIN, 0};
     // init exits only after every process in its pid namespace has: then pidfd is readable.
     int n = check_sys("poll", "pidfd of " + id, [&] { return ::poll(&pfd, 1, 10000); });
-    if (n == 0) throw HelperError(kUnavailable, "init of sandbox " + id + " did not exit within 10 s");
+    if (n == 0)
+        throw HelperError(kUnavailable, "init of sandbox " + id + " did not exit within 10 s");
 }
 
 // Step timings of a create, printed to stderr when BERTH_HELPER_TRACE is set: where the
 // milliseconds of a create go, on the host at hand.
 class StepTimer {
-public:
+  public:
     StepTimer() : enabled_(std::getenv("BERTH_HELPER_TRACE") != nullptr) {}
     void mark(const char* step) {
         if (!enabled_) return;
         auto now = std::chrono::steady_clock::now();
         line_ += std::string(" ") + step + "=" +
-                 std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(now - last_).count()) + "us";
+                 std::to_string(
+                     std::chrono::duration_cast<std::chrono::microseconds>(now - last_).count()) +
+                 "us";
         last_ = now;
     }
     ~StepTimer() {
         if (enabled_) std::fprintf(stderr, "berth-helper: create%s\n", line_.c_str());
     }
 
-private:
+  private:
     bool enabled_;
     std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
     std::string line_;
@@ -200,7 +207,8 @@ std::string SandboxFactory::sandbox_state_dir(const std::string& id) const {
 
 v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     const std::string& id = req.id();
-    if (!valid_sandbox_id(id)) throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
+    if (!valid_sandbox_id(id))
+        throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
     if (!valid_hostname(req.hostname()))
         throw HelperError(kInvalidArgument, "invalid hostname '" + req.hostname() + "'");
     const std::string& rootfs = req.rootfs();
@@ -209,7 +217,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         throw HelperError(kInvalidArgument, "rootfs must be an absolute path: '" + rootfs + "'");
     if (::stat(rootfs.c_str(), &st) != 0)
         throw HelperError(kNotFound, "rootfs '" + rootfs + "': " + std::strerror(errno));
-    if (!S_ISDIR(st.st_mode)) throw HelperError(kInvalidArgument, "rootfs '" + rootfs + "' is not a directory");
+    if (!S_ISDIR(st.st_mode))
+        throw HelperError(kInvalidArgument, "rootfs '" + rootfs + "' is not a directory");
 
     const std::string run = sandbox_runtime_dir(id), state = sandbox_state_dir(id);
     if (live_.count(id) || ::access(run.c_str(), F_OK) == 0)
@@ -270,8 +279,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     check_sys("pipe2", "ready", [&] { return ::pipe2(ready, O_CLOEXEC); });
     UniqueFd ready_read(ready[0]), ready_write(ready[1]);
 
-    ChildPlan plan{go_read.get(), ready_write.get(), control.get(), overlay.get(),
-                   run + "/rootfs", req.hostname(), &seccomp_};
+    ChildPlan plan{go_read.get(),   ready_write.get(), control.get(), overlay.get(),
+                   run + "/rootfs", req.hostname(),    &seccomp_};
 
     clone_args args{};
     int pidfd = -1;
@@ -284,8 +293,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         args.cgroup = static_cast<uint64_t>(cg);
     }
     timer.mark("overlay");
-    pid_t pid = static_cast<pid_t>(
-        check_sys("clone3", "sandbox " + id, [&] { return ::syscall(SYS_clone3, &args, sizeof args); }));
+    pid_t pid = static_cast<pid_t>(check_sys(
+        "clone3", "sandbox " + id, [&] { return ::syscall(SYS_clone3, &args, sizeof args); }));
     if (pid == 0) sandbox_child(plan);
 
     live->pid = pid;
@@ -324,8 +333,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     }
     timer.mark("child_setup");
     if (answer != "ok") {
-        throw HelperError(kInternal, "setting up sandbox " + id + " failed: " +
-                                         (answer.empty() ? "its init died" : answer));
+        throw HelperError(kInternal, "setting up sandbox " + id +
+                                         " failed: " + (answer.empty() ? "its init died" : answer));
     }
 
     v1::helper::Created created;
@@ -363,7 +372,8 @@ void SandboxFactory::run_deferred() {
 }
 
 void SandboxFactory::destroy(const std::string& id) {
-    if (!valid_sandbox_id(id)) throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
+    if (!valid_sandbox_id(id))
+        throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
     const std::string run = sandbox_runtime_dir(id), state = sandbox_state_dir(id);
     auto it = live_.find(id);
     std::unique_ptr<Live> live;

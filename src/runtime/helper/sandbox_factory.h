@@ -22,7 +22,7 @@ struct Config {
     std::string state_dir;    // /var/lib/berth: writable layers
     uid_t daemon_uid = 0;     // who may connect to each init's control socket
     gid_t daemon_gid = 0;
-    ns::IdMapping mapping;    // root inside = mapping.uids.host_start outside
+    ns::IdMapping mapping;  // root inside = mapping.uids.host_start outside
     std::string cgroup_parent = "berth";
 };
 
@@ -34,7 +34,7 @@ struct HelperError : std::runtime_error {
 };
 
 class SandboxFactory {
-public:
+  public:
     explicit SandboxFactory(Config config);
     ~SandboxFactory();
 
@@ -48,7 +48,7 @@ public:
 
     cgroup::Version cgroup_version() const { return driver_->version(); }
 
-private:
+  private:
     struct Live;
     std::string sandbox_runtime_dir(const std::string& id) const;
     std::string sandbox_state_dir(const std::string& id) const;

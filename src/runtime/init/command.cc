@@ -107,7 +107,8 @@ int command_child(void* arg) {
     const int rfd = plan.report_fd;
     ::setsid();
     for (int i = 0; i < 3; ++i) {
-        if (::dup2(plan.stdio[i].get(), i) < 0) child_fail(rfd, ChildFailure::kStdio, errno, nullptr);
+        if (::dup2(plan.stdio[i].get(), i) < 0)
+            child_fail(rfd, ChildFailure::kStdio, errno, nullptr);
     }
     // Nothing but stdio crosses into the command.
     ::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC);
@@ -134,7 +135,8 @@ int command_child(void* arg) {
     int saw = ENOENT;
     for (const std::string& candidate : plan.candidates) {
         ::execve(candidate.c_str(), plan.argv.data(), plan.envp.data());
-        if (errno == EACCES) saw = EACCES;  // keep looking, but report it if nothing runs
+        if (errno == EACCES)
+            saw = EACCES;  // keep looking, but report it if nothing runs
         else if (errno != ENOENT && errno != ENOTDIR) {
             saw = errno;
             break;
@@ -147,7 +149,8 @@ int command_child(void* arg) {
 
 std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
                                                   const std::vector<UniqueFd>& stdio) {
-    if (stdio.size() != 3) return CommandFailure{kInvalidArgument, "a Spawn needs exactly 3 stdio fds"};
+    if (stdio.size() != 3)
+        return CommandFailure{kInvalidArgument, "a Spawn needs exactly 3 stdio fds"};
     if (spawn.argv_size() == 0 || spawn.argv(0).empty())
         return CommandFailure{kInvalidArgument, "empty argv: nothing to run"};
 
@@ -188,8 +191,8 @@ std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
     // The child's own stack: it must not scribble on ours while we wait for it.
     constexpr size_t kStackSize = 256 * 1024;
     std::vector<char> stack(kStackSize);
-    pid_t pid = ::clone(command_child, stack.data() + stack.size(), CLONE_VM | CLONE_VFORK | SIGCHLD,
-                        &plan);
+    pid_t pid = ::clone(command_child, stack.data() + stack.size(),
+                        CLONE_VM | CLONE_VFORK | SIGCHLD, &plan);
     const int clone_errno = errno;
     // The child shared our memory, and with it the dumpable flag it set: take it back, or
     // the sandbox could read init through /proc.
@@ -217,10 +220,11 @@ std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
                                   "working directory '" + cwd + "': " + why};
         case ChildFailure::kExec:
             if (failure.err == ENOENT) {
-                return CommandFailure{kNotFound, "executable '" + argv[0] + "' not found" +
-                                                     (argv[0].find('/') == std::string::npos
-                                                          ? " in PATH (" + env_value(env, "PATH") + ")"
-                                                          : std::string())};
+                return CommandFailure{kNotFound,
+                                      "executable '" + argv[0] + "' not found" +
+                                          (argv[0].find('/') == std::string::npos
+                                               ? " in PATH (" + env_value(env, "PATH") + ")"
+                                               : std::string())};
             }
             return CommandFailure{failure.err == EACCES ? kPermissionDenied : kInvalidArgument,
                                   "exec '" + argv[0] + "': " + why};

@@ -133,8 +133,10 @@ pid_t accept_exec(int fd) {
             if (it->second.connection) {
                 v1::init::FromSandbox msg;
                 auto* e = msg.mutable_exited();
-                if (WIFSIGNALED(status)) e->set_signal(WTERMSIG(status));
-                else e->set_exit_code(WEXITSTATUS(status));
+                if (WIFSIGNALED(status))
+                    e->set_signal(WTERMSIG(status));
+                else
+                    e->set_exit_code(WEXITSTATUS(status));
                 e->set_killed_by_request(it->second.kill_requested);
                 send(it->second.connection.get(), msg);
             }
@@ -153,7 +155,8 @@ pid_t accept_exec(int fd) {
             } catch (const std::exception&) {
                 rs = wire::ReadStatus::eof;
             }
-            if (rs == wire::ReadStatus::ok && msg.has_signal() && msg.signal().signal() != SIGKILL) {
+            if (rs == wire::ReadStatus::ok && msg.has_signal() &&
+                msg.signal().signal() != SIGKILL) {
                 ::kill(exec.pid, msg.signal().signal());
                 continue;
             }

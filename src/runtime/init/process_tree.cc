@@ -25,7 +25,8 @@ std::vector<pid_t> children_of(pid_t pid) {
         while (pos < list.size()) {
             size_t end = list.find(' ', pos);
             if (end == std::string::npos) end = list.size();
-            if (end > pos) out.push_back(static_cast<pid_t>(std::stol(list.substr(pos, end - pos))));
+            if (end > pos)
+                out.push_back(static_cast<pid_t>(std::stol(list.substr(pos, end - pos))));
             pos = end + 1;
         }
     }

@@ -84,8 +84,8 @@ std::optional<ResolvedUser> resolve_user(std::string_view spec, std::string_view
         });
         if (!group_found) {
             if (!numeric_gid) {
-                *error = "group '" + std::string(group_part) +
-                         "' not found in the sandbox's /etc/group";
+                *error =
+                    "group '" + std::string(group_part) + "' not found in the sandbox's /etc/group";
                 return std::nullopt;
             }
             out.gid = *numeric_gid;

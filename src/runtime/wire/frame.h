@@ -32,6 +32,7 @@ ReadStatus read_frame(int fd, google::protobuf::MessageLite& msg, uint32_t max_b
 
 // Writes one frame to a blocking fd, with `fds` attached to its first byte.
 // Throws SysError (EPIPE included) on failure.
-void write_frame(int fd, const google::protobuf::MessageLite& msg, const std::vector<int>& fds = {});
+void write_frame(int fd, const google::protobuf::MessageLite& msg,
+                 const std::vector<int>& fds = {});
 
 }  // namespace berth::wire
