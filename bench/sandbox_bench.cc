@@ -29,7 +29,9 @@ struct Summary {
 
 Summary summarize(std::vector<double> v) {
     std::sort(v.begin(), v.end());
-    auto at = [&](double q) { return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))]; };
+    auto at = [&](double q) {
+        return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+    };
     return {at(0.5), at(0.9), v.front(), v.back()};
 }
 
@@ -107,10 +109,11 @@ int main(int argc, char** argv) {
     nlohmann::json out;
     auto report = [&](const char* name, const std::vector<double>& v, double target) {
         Summary s = summarize(v);
-        std::printf("%-28s p50 %7.3f ms  p90 %7.3f  [%7.3f - %7.3f]  target %s\n", name, s.p50, s.p90,
-                    s.min, s.max, target > 0 ? (std::to_string(target).substr(0, 4) + " ms").c_str() : "-");
-        out[name] = {{"p50_ms", s.p50}, {"p90_ms", s.p90}, {"min_ms", s.min}, {"max_ms", s.max},
-                     {"target_p50_ms", target}, {"n", v.size()}};
+        std::printf("%-28s p50 %7.3f ms  p90 %7.3f  [%7.3f - %7.3f]  target %s\n", name, s.p50,
+                    s.p90, s.min, s.max,
+                    target > 0 ? (std::to_string(target).substr(0, 4) + " ms").c_str() : "-");
+        out[name] = {{"p50_ms", s.p50}, {"p90_ms", s.p90},         {"min_ms", s.min},
+                     {"max_ms", s.max}, {"target_p50_ms", target}, {"n", v.size()}};
     };
     std::printf("berth sandbox core, %d iterations (busybox rootfs, cgroup %s)\n", iterations,
                 c.hello().cgroup_driver().c_str());

@@ -8,7 +8,8 @@ Binaries come from BERTH_BUILD_DIR (default: <repo>/build). Everything the fixtu
 (rootfs, runtime and state dirs) goes under BERTH_TEST_TMPDIR (default /tmp): berth needs a
 filesystem with idmapped mounts there, which tmpfs lacks on kernels before 6.3 -- in the
 cgroup v2 VM (tests/vm/run-in-vm) pass BERTH_TEST_TMPDIR=$BERTH_VM_SCRATCH.
-The cgroup driver (v1 or v2) is detected like berthd does it: see hostutil.CGROUP_DRIVER.
+The cgroup driver (v1 or v2) is detected like berthd does it (hostutil.CGROUP_DRIVER); with
+BERTH_TEST_CGROUP_DRIVER=v1|v2 set, every test fails if the host would use the other one.
 """
 import itertools
 import os
@@ -50,6 +51,12 @@ def _need(condition: bool, reason: str):
     pytest.skip(reason)
 
 
+def pytest_report_header(config):
+    return (f"berth: cgroup driver {hostutil.CGROUP_DRIVER} "
+            f"({hostutil.V2_ROOT if hostutil.CGROUP_V2 else 'v1 hierarchies'}), "
+            f"temp dirs under {os.environ.get('BERTH_TEST_TMPDIR') or '/tmp'}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def require_root():
     _need(os.geteuid() == 0, "needs root")
@@ -58,6 +65,12 @@ def require_root():
             pytest.fail(f"{binary} is missing: build first (ninja -C {BUILD_DIR})", pytrace=False)
     if not BUSYBOX.exists():
         pytest.fail("/bin/busybox is missing: install busybox-static", pytrace=False)
+    # A run meant for one driver (the VM run of scripts/test sets v2) must not silently test
+    # the other one.
+    want = os.environ.get("BERTH_TEST_CGROUP_DRIVER", "")
+    if want and want != hostutil.CGROUP_DRIVER:
+        pytest.fail(f"BERTH_TEST_CGROUP_DRIVER={want}, but berthd will use the "
+                    f"{hostutil.CGROUP_DRIVER} driver on this host", pytrace=False)
 
 
 @pytest.fixture(scope="session")
