@@ -8,7 +8,8 @@
 #include <unistd.h>
 
 #include <iostream>
-#include <regex>
+#include <algorithm>
+#include <cctype>
 
 #include "base/error.h"
 #include "runtime/daemon/exec_operation.h"
@@ -32,9 +33,13 @@ std::string new_sandbox_id() {
     return id;
 }
 
+// [A-Za-z0-9][A-Za-z0-9_.-]{0,63}
 bool valid_name(const std::string& name) {
-    static const std::regex re("[A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
-    return std::regex_match(name, re);
+    if (name.empty() || name.size() > 64 || !std::isalnum(static_cast<unsigned char>(name[0])))
+        return false;
+    return std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
+    });
 }
 
 v1::ErrorCode code_from_helper(uint32_t code) {
