@@ -40,6 +40,8 @@ class Cgroup {
     // v2: an O_DIRECTORY fd for clone3(CLONE_INTO_CGROUP); -1 where unsupported.
     virtual int clone_into_fd() const { return -1; }
     virtual Stats stats() const = 0;
+    // Just Stats::oom_kills, from one file: the exec path reads it twice per command.
+    virtual uint64_t oom_kills() const = 0;
     // True while any process is in the cgroup.
     virtual bool populated() const = 0;
     // SIGKILLs every process in the cgroup (cgroup.kill on v2 >= 5.14, else a procs loop).

@@ -85,9 +85,12 @@ class V1Cgroup final : public Cgroup {
         s.memory_bytes = read_u64(d_.memory + "/memory.usage_in_bytes");
         s.memory_peak_bytes = read_u64(d_.memory + "/memory.max_usage_in_bytes");
         s.pids = read_u64(d_.pids + "/pids.current");
-        s.oom_kills =
-            find_key(read_file(d_.memory + "/memory.oom_control"), "oom_kill").value_or(0);
+        s.oom_kills = oom_kills();
         return s;
+    }
+
+    uint64_t oom_kills() const override {
+        return find_key(read_file(d_.memory + "/memory.oom_control"), "oom_kill").value_or(0);
     }
 
     // The pids controller charges every task, so its hierarchy is the reference membership.

@@ -57,8 +57,12 @@ class V2Cgroup final : public Cgroup {
         if (auto peak = read_if_exists(dir_ + "/memory.peak"))
             s.memory_peak_bytes = parse_u64(*peak, dir_ + "/memory.peak");
         s.pids = read_u64(dir_ + "/pids.current");
-        s.oom_kills = find_key(read_file(dir_ + "/memory.events"), "oom_kill").value_or(0);
+        s.oom_kills = oom_kills();
         return s;
+    }
+
+    uint64_t oom_kills() const override {
+        return find_key(read_file(dir_ + "/memory.events"), "oom_kill").value_or(0);
     }
 
     // cgroup.events covers descendants too, unlike cgroup.procs; a removed cgroup is empty.

@@ -342,6 +342,7 @@ TEST_F(CgroupTest, CreateRefusesACgroupInUse) {
 TEST_F(CgroupTest, MemoryLimitOomKills) {
     Cgroup& cg = make("oom", {.memory_bytes = 32 * kMiB, .cpus = {}, .pids = {}});
     EXPECT_EQ(cg.stats().oom_kills, 0u);
+    EXPECT_EQ(cg.oom_kills(), 0u);
     pid_t pid = spawn(cg, [] {
         touch(128 * kMiB);
         return 0;
@@ -349,6 +350,7 @@ TEST_F(CgroupTest, MemoryLimitOomKills) {
     EXPECT_TRUE(killed_by_sigkill(reap(pid)));
     Stats s = cg.stats();
     EXPECT_GE(s.oom_kills, 1u);
+    EXPECT_EQ(cg.oom_kills(), s.oom_kills);
     EXPECT_LE(s.memory_bytes, 32 * kMiB);
     if (s.memory_peak_bytes != 0) {
         EXPECT_GT(s.memory_peak_bytes, 16 * kMiB);

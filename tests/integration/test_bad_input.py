@@ -123,22 +123,24 @@ def test_unknown_sandbox(daemon, sandbox, conn):
     still_serves(daemon, sandbox)
 
 
+def refused_both_ways(daemon, sandbox, conn, needle, cli_flag, **exec_args):
+    """The exec is refused with NOT_FOUND naming `needle`, over the protocol and through the
+    CLI (exit 125, message on stderr); the daemon then serves the next request."""
+    err = exec_error(conn, sandbox, ["true"], **exec_args)
+    assert err.code == pb.NOT_FOUND and needle in err.message, err
+    r = daemon.cli("exec", cli_flag, needle, sandbox, "--", "true")
+    assert r.returncode == 125 and needle in r.stderr, r
+    still_serves(daemon, sandbox)
+
+
 def test_unknown_user(daemon, sandbox, conn):
-    err = exec_error(conn, sandbox, ["true"], user="mallory")
-    assert err.code == pb.NOT_FOUND and "mallory" in err.message, err
     err = exec_error(conn, sandbox, ["true"], user="alice:nosuchgroup")
     assert err.code == pb.NOT_FOUND and "nosuchgroup" in err.message, err
-    r = daemon.cli("exec", "-u", "mallory", sandbox, "--", "true")
-    assert r.returncode == 125 and "mallory" in r.stderr, r
-    still_serves(daemon, sandbox)
+    refused_both_ways(daemon, sandbox, conn, "mallory", "-u", user="mallory")
 
 
 def test_nonexistent_cwd(daemon, sandbox, conn):
-    err = exec_error(conn, sandbox, ["true"], cwd="/no/such/dir")
-    assert err.code == pb.NOT_FOUND and "/no/such/dir" in err.message, err
-    r = daemon.cli("exec", "-w", "/no/such/dir", sandbox, "--", "true")
-    assert r.returncode == 125 and "/no/such/dir" in r.stderr, r
-    still_serves(daemon, sandbox)
+    refused_both_ways(daemon, sandbox, conn, "/no/such/dir", "-w", cwd="/no/such/dir")
 
 
 def test_empty_argv(daemon, sandbox, conn):

@@ -42,31 +42,23 @@ void ExecOperation::start(const v1::Exec& request) {
         finish_with_error(v1::INVALID_ARGUMENT, "empty argv: give a command to run");
         return;
     }
-    int out[2], err[2], in[2] = {-1, -1};
-    if (::pipe2(out, O_CLOEXEC) != 0) {
+    UniqueFd out_r, out_w, err_r, err_w, in_r, in_w;
+    auto make_pipe = [](UniqueFd& read_end, UniqueFd& write_end) {
+        int fds[2];
+        if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+        read_end.reset(fds[0]);
+        write_end.reset(fds[1]);
+        return true;
+    };
+    if (!make_pipe(out_r, out_w) || !make_pipe(err_r, err_w) ||
+        (request.stdin() && !make_pipe(in_r, in_w))) {
         finish_with_error(v1::RESOURCE_EXHAUSTED, std::string("pipe2: ") + std::strerror(errno));
         return;
-    }
-    UniqueFd out_r(out[0]), out_w(out[1]);
-    if (::pipe2(err, O_CLOEXEC) != 0) {
-        finish_with_error(v1::RESOURCE_EXHAUSTED, std::string("pipe2: ") + std::strerror(errno));
-        return;
-    }
-    UniqueFd err_r(err[0]), err_w(err[1]);
-    UniqueFd in_r, in_w;
-    if (request.stdin()) {
-        if (::pipe2(in, O_CLOEXEC) != 0) {
-            finish_with_error(v1::RESOURCE_EXHAUSTED,
-                              std::string("pipe2: ") + std::strerror(errno));
-            return;
-        }
-        in_r.reset(in[0]);
-        in_w.reset(in[1]);
     }
 
     if (cgroup_) {
         try {
-            oom_kills_before_ = cgroup_->stats().oom_kills;
+            oom_kills_before_ = cgroup_->oom_kills();
         } catch (const std::exception&) {
         }
     }
@@ -239,7 +231,7 @@ void ExecOperation::maybe_finish() {
         e->set_canceled(canceled_ && !timed_out_);
         if (exit_.signal() == SIGKILL && !exit_.killed_by_request() && cgroup_) {
             try {
-                e->set_oom_killed(cgroup_->stats().oom_kills > oom_kills_before_);
+                e->set_oom_killed(cgroup_->oom_kills() > oom_kills_before_);
             } catch (const std::exception&) {
             }
         }

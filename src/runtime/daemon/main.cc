@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
         if (wire::read_frame(ours.get(), hello, wire::kDefaultMaxFrame) != wire::ReadStatus::ok)
             throw std::runtime_error("berth-helper exited before it was ready");
         if (!hello.error().empty()) throw std::runtime_error(hello.error());
-        std::string driver_name =
-            hello.created().cgroup_paths_size() ? hello.created().cgroup_paths(0) : "v1";
+        if (!hello.has_ready()) throw std::runtime_error("berth-helper sent no Ready message");
+        const std::string driver_name = hello.ready().cgroup_driver();
 
         boost::asio::io_context io;
         auto channel = std::make_shared<daemon::FramedSocket>(

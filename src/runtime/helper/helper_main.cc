@@ -66,8 +66,8 @@ int main(int argc, char** argv) {
         return 1;
     }
     {
-        v1::helper::Reply hello;  // id 0: started, with the driver we use
-        hello.mutable_created()->add_cgroup_paths(
+        v1::helper::Reply hello;
+        hello.mutable_ready()->set_cgroup_driver(
             factory->cgroup_version() == cgroup::Version::v2 ? "v2" : "v1");
         wire::write_frame(channel, hello);
     }
