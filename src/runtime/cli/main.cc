@@ -11,6 +11,7 @@
 #include "base/files.h"
 #include "cgroup/cgroup.h"
 #include "ns/idmap.h"
+#include "runtime/cli/copy.h"
 #include "runtime/client/client.h"
 
 using namespace berth;
@@ -50,7 +51,7 @@ std::string to_json(const google::protobuf::Message& msg) {
 }
 
 struct CreateOptions {
-    std::string rootfs, name, hostname, memory;
+    std::string rootfs, name, hostname, memory, workdir;
     double cpus = 0;
     uint64_t pids = 0;
     void add_to(CLI::App* cmd) {
@@ -62,6 +63,8 @@ struct CreateOptions {
         cmd->add_option("-m,--memory", memory, "memory limit, e.g. 512m, 2g (swap off)");
         cmd->add_option("--cpus", cpus, "cpu limit, fractional allowed");
         cmd->add_option("--pids", pids, "process limit (default 4096)");
+        cmd->add_option("--sandbox-workdir", workdir,
+                        "where relative exec cwds and copy paths start (default /)");
     }
     v1::CreateSandbox request(bool persistent) const {
         v1::CreateSandbox c;
@@ -70,6 +73,7 @@ struct CreateOptions {
         c.set_name(name);
         c.set_hostname(hostname);
         c.set_persistent(persistent);
+        c.set_workdir(workdir);
         if (!memory.empty()) c.mutable_resources()->set_memory_bytes(parse_size(memory));
         c.mutable_resources()->set_cpus(cpus);
         c.mutable_resources()->set_pids(pids);
@@ -221,6 +225,33 @@ int main(int argc, char** argv) {
     rm->add_option("sandbox", rm_targets)->required();
     rm->add_flag("-f,--force", rm_force, "no error for sandboxes that do not exist");
 
+    cli::CopyArgs cp_args;
+    auto* cp = app.add_subcommand(
+        "cp", "copy files between the host and a sandbox (SANDBOX:PATH on one side; - for a tar "
+              "stream on stdin/stdout)");
+    cp->add_flag("-a,--archive", cp_args.archive,
+                 "keep uid/gid numbers (downloads: only when run as root)");
+    cp->add_option("-u,--user", cp_args.user, "owner of uploaded files (default root)");
+    cp->add_option("source", cp_args.source, "host path, SANDBOX:PATH or -")->required();
+    cp->add_option("destination", cp_args.destination, "host path, SANDBOX:PATH or -")
+        ->required();
+
+    auto* fs = app.add_subcommand("fs", "file operations inside a sandbox");
+    fs->require_subcommand(1);
+    std::string fs_target, fs_user, fs_mode;
+    bool fs_json = false, fs_follow = false, fs_recursive = false;
+    auto* fs_stat = fs->add_subcommand("stat", "show a path (exit 1 if missing)");
+    fs_stat->add_option("target", fs_target, "SANDBOX:PATH")->required();
+    fs_stat->add_flag("--json", fs_json, "JSON output");
+    fs_stat->add_flag("-L,--follow", fs_follow, "follow a symlink (inside the sandbox)");
+    auto* fs_mkdir = fs->add_subcommand("mkdir", "create a directory and its parents");
+    fs_mkdir->add_option("target", fs_target, "SANDBOX:PATH")->required();
+    fs_mkdir->add_option("-u,--user", fs_user, "owner (default root)");
+    fs_mkdir->add_option("-m,--mode", fs_mode, "octal mode (default 755)");
+    auto* fs_rm = fs->add_subcommand("rm", "remove a file, symlink or (with -r) a directory");
+    fs_rm->add_option("target", fs_target, "SANDBOX:PATH")->required();
+    fs_rm->add_flag("-r,--recursive", fs_recursive, "directories and their contents");
+
     auto* doctor_cmd =
         app.add_subcommand("doctor", "show what this host supports and what berth uses");
     auto* version = app.add_subcommand("version", "print versions");
@@ -248,6 +279,10 @@ int main(int argc, char** argv) {
             std::cout << c.call(m).create().sandbox().id() << std::endl;
             return 0;
         }
+        if (cp->parsed()) return cli::run_copy(c, cp_args);
+        if (fs_stat->parsed()) return cli::run_fs_stat(c, fs_target, fs_follow, fs_json);
+        if (fs_mkdir->parsed()) return cli::run_fs_mkdir(c, fs_target, fs_user, fs_mode);
+        if (fs_rm->parsed()) return cli::run_fs_rm(c, fs_target, fs_recursive);
         if (exec->parsed())
             return run_exec(c, exec_opts.request(exec_target), exec_opts.interactive);
         if (run->parsed()) {

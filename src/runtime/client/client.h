@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/unique_fd.h"
 #include "berth.pb.h"
@@ -27,8 +28,20 @@ class Client {
     // Connects and says Hello. Throws ClientError.
     explicit Client(const std::string& socket_path = default_socket_path());
 
-    // Sends one request and waits for its single reply (not for Exec).
-    v1::ServerMessage call(v1::ClientMessage request);
+    // Sends one request (with `fds` attached) and waits for its single reply (not for Exec).
+    v1::ServerMessage call(v1::ClientMessage request, const std::vector<int>& fds = {});
+
+    // File transfer through a pipe (see CopyIn/CopyOut in berth.proto). `produce` writes
+    // the tar stream to the fd it is given, `consume` reads it; either runs on a thread of
+    // its own while this one waits for the daemon, and the fd is closed when it returns.
+    // The daemon's error wins (ClientError); else an exception of produce/consume is
+    // rethrown as it is.
+    v1::CopyReply copy_in(v1::CopyIn request, const std::function<void(int fd)>& produce);
+    v1::CopyReply copy_out(v1::CopyOut request, const std::function<void(int fd)>& consume);
+    // The same with a ready pipe end (the CLI's `-` when stdin/stdout is a pipe): the
+    // stream flows between that pipe and the sandbox without passing through this process.
+    v1::CopyReply copy_in_from_pipe(v1::CopyIn request, int pipe_read_end);
+    v1::CopyReply copy_out_to_pipe(v1::CopyOut request, int pipe_write_end);
 
     struct ExecCallbacks {
         std::function<void(v1::ExecOutput::Stream, std::string_view)> output;
@@ -43,7 +56,9 @@ class Client {
 
   private:
     uint64_t next_id() { return ++last_id_; }
-    void send(const v1::ClientMessage& msg);
+    void send(const v1::ClientMessage& msg, const std::vector<int>& fds = {});
+    v1::CopyReply copy(v1::ClientMessage request, bool upload,
+                       const std::function<void(int fd)>& stream);
     v1::ServerMessage receive();
 
     UniqueFd fd_;

@@ -2,13 +2,12 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "base/unique_fd.h"
+#include "runtime/daemon/init_connection.h"
 #include "runtime/daemon/server.h"
 #include "runtime/wire/frame.h"
 
@@ -63,28 +62,12 @@ void ExecOperation::start(const v1::Exec& request) {
         }
     }
 
-    UniqueFd conn(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!conn) {
-        finish_with_error(v1::RESOURCE_EXHAUSTED, std::string("socket: ") + std::strerror(errno));
+    InitConnection connection = connect_to_init(init_socket_, sandbox_id_);
+    if (!connection.fd) {
+        finish_with_error(connection.code, connection.message);
         return;
     }
-    // The init socket path was checked when the sandbox was registered.
-    const std::string& path = init_socket_;
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), std::min(path.size() + 1, sizeof addr.sun_path - 1));
-    if (::connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-        const int e = errno;
-        if (e == EAGAIN) {
-            finish_with_error(v1::RESOURCE_EXHAUSTED,
-                              "sandbox " + sandbox_id_ + " has too many execs starting at once");
-        } else {
-            finish_with_error(v1::UNAVAILABLE, "sandbox " + sandbox_id_ +
-                                                   " is not running (connect to its init: " +
-                                                   std::strerror(e) + ")");
-        }
-        return;
-    }
+    UniqueFd conn = std::move(connection.fd);
 
     v1::init::ToSandbox spawn;
     auto* sp = spawn.mutable_spawn();

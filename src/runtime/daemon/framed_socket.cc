@@ -1,19 +1,28 @@
 #include "runtime/daemon/framed_socket.h"
 
+#include <sys/socket.h>
+
+#include <cstring>
+
 #include "runtime/wire/frame.h"
 
 namespace berth::daemon {
 
 namespace {
 constexpr size_t kLowWater = 1u << 20;
-}
+constexpr size_t kMaxFdsPerRead = 16;
+}  // namespace
 
 FramedSocket::FramedSocket(UnixSocket socket, uint32_t max_frame)
     : socket_(std::move(socket)), max_frame_(max_frame) {}
 
 void FramedSocket::start(Handler handler) {
     handler_ = std::move(handler);
-    read_header();
+    auto self = shared_from_this();
+    // Frames may already be waiting.
+    asio::post(socket_.get_executor(), [this, self] {
+        if (socket_.is_open()) on_readable();
+    });
 }
 
 void FramedSocket::notify_closed() {
@@ -23,35 +32,88 @@ void FramedSocket::notify_closed() {
     handler_(Event::closed, {});
 }
 
-void FramedSocket::read_header() {
+void FramedSocket::wait_readable() {
     auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(header_, 4),
-                     [this, self](boost::system::error_code ec, size_t) {
-                         if (ec) {
-                             notify_closed();
-                             return;
-                         }
-                         uint32_t length = wire::decode_length(header_);
-                         if (length > max_frame_) {
-                             handler_(Event::too_large, std::to_string(length));
-                             return;
-                         }
-                         read_body(length);
-                     });
+    socket_.async_wait(UnixSocket::wait_read, [this, self](boost::system::error_code ec) {
+        if (ec) {
+            notify_closed();
+            return;
+        }
+        on_readable();
+    });
 }
 
-void FramedSocket::read_body(uint32_t length) {
-    body_.resize(length);
-    auto self = shared_from_this();
-    asio::async_read(socket_, asio::buffer(body_),
-                     [this, self](boost::system::error_code ec, size_t) {
-                         if (ec) {
-                             notify_closed();
-                             return;
-                         }
-                         handler_(Event::frame, std::move(body_));
-                         if (socket_.is_open() && !closing_) read_header();
-                     });
+void FramedSocket::on_readable() {
+    // recvmsg() by hand: asio's reads drop ancillary data, and clients pass pipes with
+    // their requests. One read per wakeup keeps a flooding peer from starving the others.
+    char buf[65536];
+    iovec iov{buf, sizeof buf};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)];
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(socket_.native_handle(), &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) return wait_readable();
+        notify_closed();
+        return;
+    }
+    const uint64_t begin = in_begin_ + in_.size();
+    std::vector<UniqueFd> fds;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+            fds.emplace_back(fd);
+        }
+    }
+    if (n == 0) {
+        notify_closed();
+        return;
+    }
+    in_.append(buf, static_cast<size_t>(n));
+    if (!fds.empty()) fd_batches_.push_back({begin, begin + static_cast<uint64_t>(n), std::move(fds)});
+    if (deliver_frames() && socket_.is_open() && !closing_) wait_readable();
+}
+
+bool FramedSocket::deliver_frames() {
+    size_t pos = 0;
+    bool go_on = true;
+    while (in_.size() - pos >= 4) {
+        const uint32_t length =
+            wire::decode_length(reinterpret_cast<const unsigned char*>(in_.data() + pos));
+        if (length > max_frame_) {
+            handler_(Event::too_large, std::to_string(length));
+            go_on = false;
+            break;
+        }
+        if (in_.size() - pos - 4 < length) break;
+        const uint64_t start = in_begin_ + pos, next = start + 4 + length;
+        frame_fds_.clear();
+        while (!fd_batches_.empty() && fd_batches_.front().end <= start) fd_batches_.pop_front();
+        if (!fd_batches_.empty()) {
+            FdBatch& b = fd_batches_.front();
+            if (b.begin <= start && start < b.end && next >= b.end) {
+                frame_fds_ = std::move(b.fds);
+                fd_batches_.pop_front();
+            }
+        }
+        std::string body = in_.substr(pos + 4, length);
+        pos += 4 + length;
+        handler_(Event::frame, std::move(body));
+        frame_fds_.clear();
+        if (!socket_.is_open() || closing_) {
+            go_on = false;
+            break;
+        }
+    }
+    in_.erase(0, pos);
+    in_begin_ += pos;
+    return go_on;
 }
 
 void FramedSocket::send(std::string frame) {

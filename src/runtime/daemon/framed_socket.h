@@ -1,5 +1,6 @@
-// A framed, queued, asynchronous Unix stream connection (client sessions and the helper
-// channel): reads frames one after another, writes queued frames in order.
+// A framed, queued, asynchronous Unix stream connection (client sessions, the helper
+// channel, init connections): reads frames one after another, with the fds that came with
+// each (SCM_RIGHTS), and writes queued frames in order.
 #pragma once
 
 #include <boost/asio.hpp>
@@ -7,6 +8,9 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "base/unique_fd.h"
 
 namespace berth::daemon {
 
@@ -23,6 +27,9 @@ class FramedSocket : public std::enable_shared_from_this<FramedSocket> {
     FramedSocket(UnixSocket socket, uint32_t max_frame);
 
     void start(Handler handler);
+    // During a frame event: the fds that came with that frame (those not taken are closed
+    // after the handler returns).
+    std::vector<UniqueFd> take_fds() { return std::move(frame_fds_); }
     // Queues a ready frame (header included). After close() it is dropped.
     void send(std::string frame);
     // Stops reading and closes once the queued frames are written.
@@ -35,8 +42,10 @@ class FramedSocket : public std::enable_shared_from_this<FramedSocket> {
     int native_handle() { return socket_.native_handle(); }
 
   private:
-    void read_header();
-    void read_body(uint32_t length);
+    void wait_readable();
+    void on_readable();
+    // Delivers complete frames from in_; false once reading must stop.
+    bool deliver_frames();
     void write_next();
     void notify_drained();
     void notify_closed();
@@ -44,8 +53,18 @@ class FramedSocket : public std::enable_shared_from_this<FramedSocket> {
     UnixSocket socket_;
     uint32_t max_frame_;
     Handler handler_;
-    unsigned char header_[4];
-    std::string body_;
+    // Received bytes not yet delivered; in_begin_ is the stream offset of in_[0].
+    std::string in_;
+    uint64_t in_begin_ = 0;
+    // Fds by the stream range [begin, end) of the recvmsg() that brought them. The kernel
+    // ends a read after the message that carried fds, so they belong to the last frame
+    // that starts inside that range.
+    struct FdBatch {
+        uint64_t begin, end;
+        std::vector<UniqueFd> fds;
+    };
+    std::deque<FdBatch> fd_batches_;
+    std::vector<UniqueFd> frame_fds_;
     std::deque<std::string> queue_;
     size_t queued_bytes_ = 0;
     bool writing_ = false;

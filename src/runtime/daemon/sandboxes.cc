@@ -133,6 +133,7 @@ std::vector<SandboxRegistry::Found> SandboxRegistry::scan() const {
                 found.info.set_persistent(meta.persistent());
                 *found.info.mutable_resources() = meta.resources();
                 found.info.set_created_unix_ms(meta.created_unix_ms());
+                found.info.set_workdir(meta.workdir());
             }
         } catch (const std::exception&) {
             // No daemon metadata: the daemon died between the helper's create and its save.

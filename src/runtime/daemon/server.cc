@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "runtime/daemon/exec_operation.h"
+#include "runtime/daemon/file_operation.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::daemon {
@@ -169,6 +170,8 @@ void Server::on_closed(const std::shared_ptr<Session>& session) {
     if (!sessions_.erase(session->id)) return;
     auto execs = std::move(session->execs);
     for (auto& [id, op] : execs) op->abandon();
+    auto file_ops = std::move(session->file_ops);
+    for (auto& [id, op] : file_ops) op->abandon();
     // Its sandboxes now run on their lease.
     for (Sandbox* s : registry_.all()) {
         if (s->owner_session == session->id) {
@@ -179,6 +182,7 @@ void Server::on_closed(const std::shared_ptr<Session>& session) {
 }
 
 void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& payload) {
+    std::vector<UniqueFd> fds = session->socket->take_fds();
     v1::ClientMessage msg;
     if (!msg.ParseFromString(payload)) {
         session->send_error(0, v1::INVALID_ARGUMENT,
@@ -208,6 +212,11 @@ void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& pay
             return;
         }
         case v1::ClientMessage::kCancel: {
+            if (auto op = session->file_ops.find(id); op != session->file_ops.end()) {
+                auto keep = op->second;
+                keep->cancel();
+                return;
+            }
             auto it = session->execs.find(id);
             if (it == session->execs.end()) {
                 session->send_error(id, v1::NOT_FOUND,
@@ -217,6 +226,12 @@ void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& pay
             it->second->cancel();
             return;
         }
+        case v1::ClientMessage::kCopyIn:
+        case v1::ClientMessage::kCopyOut:
+        case v1::ClientMessage::kStatPath:
+        case v1::ClientMessage::kMakeDirs:
+        case v1::ClientMessage::kRemovePath:
+            return handle_file_op(session, msg, std::move(fds));
         case v1::ClientMessage::kDelete:
             return handle_delete(session, id, msg.delete_());
         case v1::ClientMessage::kList:
@@ -284,6 +299,13 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
         session->send_error(id, v1::INVALID_ARGUMENT, "memory must be at least 4 MiB");
         return;
     }
+    if (!req.workdir().empty() &&
+        (req.workdir()[0] != '/' || req.workdir().find('\0') != std::string::npos ||
+         req.workdir().size() >= 4096)) {
+        session->send_error(id, v1::INVALID_ARGUMENT,
+                            "workdir must be an absolute path in the sandbox");
+        return;
+    }
     const std::string sandbox_id = new_sandbox_id();
     std::string hostname = req.hostname().empty() ? sandbox_id.substr(0, 12) : req.hostname();
 
@@ -314,6 +336,7 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
         info.set_name(req.name());
         info.set_rootfs(req.rootfs());
         info.set_hostname(hostname);
+        info.set_workdir(req.workdir().empty() ? "/" : req.workdir());
         *info.mutable_resources() = req.resources();
         if (!info.resources().pids()) info.mutable_resources()->set_pids(kDefaultPids);
         info.set_persistent(req.persistent());
@@ -348,26 +371,70 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
 void Server::handle_exec(const std::shared_ptr<Session>& session, uint64_t id,
                          const v1::Exec& req) {
     Sandbox* sandbox = find_or_reply(session, id, req.sandbox());
-    if (!sandbox) return;
-    if (sandbox->deleting) {
-        session->send_error(id, v1::UNAVAILABLE,
-                            "sandbox " + sandbox->info.id() + " is being deleted");
-        return;
-    }
-    if (sandbox->info.state() == "dead") {
-        session->send_error(
-            id, v1::UNAVAILABLE,
-            "sandbox " + sandbox->info.id() + " is dead (its init exited); delete it");
-        return;
-    }
-    if (session->execs.count(id)) {
+    if (!sandbox || !usable_or_reply(session, id, *sandbox)) return;
+    if (session->execs.count(id) || session->file_ops.count(id)) {
         session->send_error(id, v1::INVALID_ARGUMENT,
                             "request id " + std::to_string(id) + " is in use");
         return;
     }
+    // Relative cwds start at the sandbox's workdir, as file-transfer paths do.
+    v1::Exec exec = req;
+    const std::string workdir = sandbox->info.workdir().empty() ? "/" : sandbox->info.workdir();
+    if (exec.cwd().empty())
+        exec.set_cwd(workdir);
+    else if (exec.cwd()[0] != '/')
+        exec.set_cwd(workdir + "/" + exec.cwd());
     auto op = std::make_shared<ExecOperation>(io_, session, id, *sandbox, dev_null_);
     session->execs[id] = op;
-    op->start(req);
+    op->start(exec);
+}
+
+void Server::handle_file_op(const std::shared_ptr<Session>& session, const v1::ClientMessage& msg,
+                            std::vector<UniqueFd> fds) {
+    const uint64_t id = msg.id();
+    std::string key;
+    switch (msg.body_case()) {
+        case v1::ClientMessage::kCopyIn:
+            key = msg.copy_in().sandbox();
+            break;
+        case v1::ClientMessage::kCopyOut:
+            key = msg.copy_out().sandbox();
+            break;
+        case v1::ClientMessage::kStatPath:
+            key = msg.stat_path().sandbox();
+            break;
+        case v1::ClientMessage::kMakeDirs:
+            key = msg.make_dirs().sandbox();
+            break;
+        default:
+            key = msg.remove_path().sandbox();
+    }
+    Sandbox* sandbox = find_or_reply(session, id, key);
+    if (!sandbox || !usable_or_reply(session, id, *sandbox)) return;
+    if (session->execs.count(id) || session->file_ops.count(id)) {
+        session->send_error(id, v1::INVALID_ARGUMENT,
+                            "request id " + std::to_string(id) + " is in use");
+        return;
+    }
+    auto op = std::make_shared<FileOperation>(io_, session, id, *sandbox);
+    session->file_ops[id] = op;
+    op->start(msg, std::move(fds));
+}
+
+bool Server::usable_or_reply(const std::shared_ptr<Session>& session, uint64_t id,
+                             const Sandbox& sandbox) {
+    if (sandbox.deleting) {
+        session->send_error(id, v1::UNAVAILABLE,
+                            "sandbox " + sandbox.info.id() + " is being deleted");
+        return false;
+    }
+    if (sandbox.info.state() == "dead") {
+        session->send_error(
+            id, v1::UNAVAILABLE,
+            "sandbox " + sandbox.info.id() + " is dead (its init exited); delete it");
+        return false;
+    }
+    return true;
 }
 
 void Server::delete_sandbox(const std::string& sandbox_id,

@@ -15,6 +15,7 @@
 namespace berth::daemon {
 
 class ExecOperation;
+class FileOperation;
 
 struct ServerConfig {
     std::string socket_path;
@@ -39,6 +40,7 @@ class Session : public std::enable_shared_from_this<Session> {
     std::shared_ptr<FramedSocket> socket;
     bool said_hello = false;
     std::map<uint64_t, std::shared_ptr<ExecOperation>> execs;
+    std::map<uint64_t, std::shared_ptr<FileOperation>> file_ops;
 };
 
 class Server {
@@ -58,6 +60,8 @@ class Server {
     void handle_hello(const std::shared_ptr<Session>&, uint64_t id, const v1::Hello&);
     void handle_create(const std::shared_ptr<Session>&, uint64_t id, const v1::CreateSandbox&);
     void handle_exec(const std::shared_ptr<Session>&, uint64_t id, const v1::Exec&);
+    void handle_file_op(const std::shared_ptr<Session>&, const v1::ClientMessage&,
+                        std::vector<UniqueFd> fds);
     void handle_delete(const std::shared_ptr<Session>&, uint64_t id, const v1::DeleteSandbox&);
     void handle_list(const std::shared_ptr<Session>&, uint64_t id);
     void handle_inspect(const std::shared_ptr<Session>&, uint64_t id, const v1::InspectSandbox&);
@@ -67,6 +71,9 @@ class Server {
     // The sandbox named by `key`, or nullptr after replying NOT_FOUND to request `id`.
     Sandbox* find_or_reply(const std::shared_ptr<Session>& session, uint64_t id,
                            const std::string& key);
+    // False after replying UNAVAILABLE when the sandbox is being deleted or is dead.
+    bool usable_or_reply(const std::shared_ptr<Session>& session, uint64_t id,
+                         const Sandbox& sandbox);
     // Deletes through the helper; `done(error)` gets "" on success.
     void delete_sandbox(const std::string& id,
                         std::function<void(v1::ErrorCode, std::string)> done);

@@ -14,7 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "base/files.h"
 #include "ns/security.h"
 #include "runtime/init/process_tree.h"
 #include "runtime/init/users.h"
@@ -154,17 +153,9 @@ std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
     if (spawn.argv_size() == 0 || spawn.argv(0).empty())
         return CommandFailure{kInvalidArgument, "empty argv: nothing to run"};
 
-    std::string error, passwd, group;
-    try {
-        passwd = read_file("/etc/passwd");
-    } catch (const std::exception&) {
-        // No passwd: numeric users still work, names are reported as unknown.
-    }
-    try {
-        group = read_file("/etc/group");
-    } catch (const std::exception&) {
-    }
-    auto user = resolve_user(spawn.user(), passwd, group, &error);
+    // No passwd: numeric users still work, names are reported as unknown.
+    std::string error;
+    auto user = resolve_sandbox_user(spawn.user(), &error);
     if (!user) return CommandFailure{kNotFound, error};
 
     std::vector<std::string> argv(spawn.argv().begin(), spawn.argv().end());

@@ -8,12 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <vector>
 
 #include "base/error.h"
 #include "init.pb.h"
 #include "runtime/init/command.h"
+#include "runtime/init/file_worker.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::init {
@@ -32,7 +35,7 @@ void harden_init(const ns::SeccompProgram& seccomp) {
 
 namespace {
 
-constexpr uint32_t kInvalidArgument = 1;
+constexpr uint32_t kInvalidArgument = 1, kResourceExhausted = 4;
 
 // One exec: the daemon's connection and the command's pid.
 struct Exec {
@@ -63,23 +66,62 @@ void set_timeouts(int fd) {
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
 }
 
-// Reads the Spawn of a new connection and starts its command. Returns the pid, or -1 after
-// telling the daemon why not.
-pid_t accept_exec(int fd) {
+// Forks the worker for a file operation; it owns the connection and the stream fd from
+// here on, and init forgets it (it is reaped like any orphan).
+void start_file_worker(UniqueFd connection, const v1::init::FileOp& op,
+                       std::vector<UniqueFd> fds) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        send_failure(connection.get(), kResourceExhausted,
+                     std::string("fork of a file worker: ") + std::strerror(errno));
+        return;
+    }
+    if (pid > 0) return;
+    // Keep only what the operation needs: init's other connections must not be held open
+    // by a worker (their peers would miss EOF).
+    std::vector<unsigned> keep{static_cast<unsigned>(connection.get())};
+    for (const auto& f : fds) keep.push_back(static_cast<unsigned>(f.get()));
+    std::sort(keep.begin(), keep.end());
+    unsigned next = 3;
+    for (unsigned k : keep) {
+        if (k > next) ::close_range(next, k - 1, 0);
+        next = std::max(next, k + 1);
+    }
+    ::close_range(next, ~0U, 0);
+    ::prctl(PR_SET_NAME, "berth-files");
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::signal(SIGPIPE, SIG_IGN);  // a client that goes away is EPIPE, reported, not death
+    // No socket timeouts: a large copy takes as long as it takes; the daemon closing the
+    // connection is what stops it.
+    timeval none{0, 0};
+    ::setsockopt(connection.get(), SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+    ::setsockopt(connection.get(), SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+    run_file_op(connection.get(), op, std::move(fds));
+    ::_exit(0);
+}
+
+// Reads the first request of a new connection: a Spawn starts its command (returns the
+// pid), a FileOp its worker (returns -1, as does a failure, after telling the daemon why).
+pid_t accept_request(UniqueFd& connection) {
+    const int fd = connection.get();
     v1::init::ToSandbox request;
-    std::vector<UniqueFd> stdio;
+    std::vector<UniqueFd> fds;
     wire::ReadStatus status;
     try {
-        status = wire::read_frame(fd, request, wire::kInitMaxFrame, &stdio);
+        status = wire::read_frame(fd, request, wire::kInitMaxFrame, &fds);
     } catch (const std::exception&) {
         return -1;
     }
     if (status == wire::ReadStatus::eof) return -1;
-    if (status != wire::ReadStatus::ok || !request.has_spawn()) {
-        send_failure(fd, kInvalidArgument, "expected a Spawn request");
+    if (status == wire::ReadStatus::ok && request.has_file_op()) {
+        start_file_worker(std::move(connection), request.file_op(), std::move(fds));
         return -1;
     }
-    auto started = start_command(request.spawn(), stdio);
+    if (status != wire::ReadStatus::ok || !request.has_spawn()) {
+        send_failure(fd, kInvalidArgument, "expected a Spawn or FileOp request");
+        return -1;
+    }
+    auto started = start_command(request.spawn(), fds);
     if (auto* failure = std::get_if<CommandFailure>(&started)) {
         send_failure(fd, failure->code, failure->message);
         return -1;
@@ -171,7 +213,7 @@ pid_t accept_exec(int fd) {
             if (fd < 0) continue;
             UniqueFd connection(fd);
             set_timeouts(fd);
-            pid_t pid = accept_exec(fd);
+            pid_t pid = accept_request(connection);
             if (pid > 0) execs[pid] = Exec{std::move(connection), pid, false};
         }
     }

@@ -1,6 +1,12 @@
 #include "runtime/init/users.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <charconv>
+
+#include "base/unique_fd.h"
 
 namespace berth::init {
 
@@ -107,6 +113,32 @@ std::optional<ResolvedUser> resolve_user(std::string_view spec, std::string_view
         });
     }
     return out;
+}
+
+namespace {
+
+std::string read_account_file(const char* path) {
+    UniqueFd fd(::open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    if (!fd) return {};
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (4 << 20)) return {};
+    std::string data(static_cast<size_t>(st.st_size), '\0');
+    size_t got = 0;
+    while (got < data.size()) {
+        ssize_t n = ::read(fd.get(), data.data() + got, data.size() - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+    }
+    data.resize(got);
+    return data;
+}
+
+}  // namespace
+
+std::optional<ResolvedUser> resolve_sandbox_user(std::string_view spec, std::string* error) {
+    return resolve_user(spec, read_account_file("/etc/passwd"), read_account_file("/etc/group"),
+                        error);
 }
 
 }  // namespace berth::init

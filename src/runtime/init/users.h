@@ -24,4 +24,9 @@ struct ResolvedUser {
 std::optional<ResolvedUser> resolve_user(std::string_view spec, std::string_view passwd,
                                          std::string_view group, std::string* error);
 
+// resolve_user() against the sandbox's own /etc/passwd and /etc/group (read as berth-init
+// sees them: its root is the sandbox's). A file that is missing, not a regular file (a
+// fifo planted to hang init) or over 4 MiB counts as empty.
+std::optional<ResolvedUser> resolve_sandbox_user(std::string_view spec, std::string* error);
+
 }  // namespace berth::init

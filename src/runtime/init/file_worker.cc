@@ -1,0 +1,197 @@
+#include "runtime/init/file_worker.h"
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "base/error.h"
+#include "berth.pb.h"
+#include "runtime/init/users.h"
+#include "runtime/wire/frame.h"
+#include "transfer/archive.h"
+#include "transfer/file_ops.h"
+#include "transfer/root.h"
+
+namespace berth::init {
+
+namespace {
+
+// berth.v1.ErrorCode values (init.proto carries them as numbers).
+constexpr uint32_t kInvalidArgument = 1, kNotFound = 2, kPermissionDenied = 3,
+                   kResourceExhausted = 4, kUnavailable = 6, kInternal = 7, kAlreadyExists = 8,
+                   kCanceled = 9;
+static_assert(kCanceled == v1::CANCELED && kAlreadyExists == v1::ALREADY_EXISTS);
+
+uint32_t code_for_errno(int err) {
+    switch (err) {
+        case ENOENT:
+            return kNotFound;
+        case EACCES:
+        case EPERM:
+        case EROFS:
+            return kPermissionDenied;
+        case ENOSPC:
+        case EDQUOT:
+        case EMFILE:
+        case ENFILE:
+        case ENOMEM:
+        case EFBIG:
+            return kResourceExhausted;
+        case EEXIST:
+        case ENOTEMPTY:
+            return kAlreadyExists;
+        case EPIPE:
+            return kUnavailable;  // the client closed its end of the stream
+        case ECANCELED:
+            return kCanceled;
+        case ENOTDIR:
+        case EISDIR:
+        case EINVAL:
+        case ENAMETOOLONG:
+        case ELOOP:
+        case EXDEV:
+        case EBUSY:
+        case EBADMSG:
+            return kInvalidArgument;
+        default:
+            return kInternal;
+    }
+}
+
+// The resolver to use: BERTH_TRANSFER_RESOLVER (automatic, openat2, walk) from berthd's
+// environment lets tests run both on one kernel.
+transfer::Resolver configured_resolver() {
+    const char* v = std::getenv("BERTH_TRANSFER_RESOLVER");
+    if (!v || !*v || std::strcmp(v, "automatic") == 0) return transfer::Resolver::automatic;
+    if (std::strcmp(v, "walk") == 0) return transfer::Resolver::walk;
+    if (std::strcmp(v, "openat2") == 0) return transfer::Resolver::openat2;
+    throw SysError("BERTH_TRANSFER_RESOLVER", v, EINVAL);
+}
+
+// A failure that is not a system call's: its message stands alone.
+struct OperationError : std::runtime_error {
+    OperationError(uint32_t code, const std::string& message)
+        : std::runtime_error(message), code(code) {}
+    uint32_t code;
+};
+
+// An owner spec ("" = root, name, uid, name:group, uid:gid) as uid/gid in the sandbox.
+transfer::Ownership owner_for(const std::string& spec) {
+    std::string error;
+    auto user = resolve_sandbox_user(spec, &error);
+    if (!user) throw OperationError(kNotFound, error);
+    return transfer::Ownership{user->uid, user->gid};
+}
+
+v1::PathStat to_proto(const transfer::EntryStat& st) {
+    v1::PathStat out;
+    using Type = transfer::EntryStat::Type;
+    switch (st.type) {
+        case Type::missing:
+            out.set_type(v1::PathStat::MISSING);
+            return out;
+        case Type::regular:
+            out.set_type(v1::PathStat::REGULAR);
+            break;
+        case Type::directory:
+            out.set_type(v1::PathStat::DIRECTORY);
+            break;
+        case Type::symlink:
+            out.set_type(v1::PathStat::SYMLINK);
+            break;
+        case Type::other:
+            out.set_type(v1::PathStat::OTHER);
+            break;
+    }
+    out.set_mode(st.mode);
+    out.set_size(st.size);
+    out.set_uid(st.uid);
+    out.set_gid(st.gid);
+    out.set_mtime_ns(st.mtime_ns);
+    out.set_link_target(st.link_target);
+    return out;
+}
+
+void copy_summary(const transfer::Summary& s, v1::CopyReply* out) {
+    out->set_entries(s.entries);
+    out->set_bytes(s.bytes);
+    for (const auto& w : s.warnings) out->add_warnings(w);
+}
+
+v1::init::FileResult perform(int connection, const v1::init::FileOp& op,
+                             std::vector<UniqueFd>& fds) {
+    v1::init::FileResult result;
+    // The sandbox's root is our root: every path is resolved inside it.
+    transfer::Root root = transfer::Root::open("/", configured_resolver());
+    switch (op.op_case()) {
+        case v1::init::FileOp::kCopyIn: {
+            const auto& req = op.copy_in();
+            transfer::ExtractOptions options;
+            options.cancel_fd = connection;
+            options.owner = owner_for(req.user());
+            if (req.preserve_owners())
+                options.owners = transfer::ExtractOptions::Owners::from_archive;
+            copy_summary(transfer::extract_archive(fds.at(0).get(), root, req.path(), options),
+                         result.mutable_copy());
+            break;
+        }
+        case v1::init::FileOp::kCopyOut: {
+            const auto& req = op.copy_out();
+            transfer::WriteOptions options;
+            options.name = req.name();
+            options.contents_only = req.contents_only();
+            options.cancel_fd = connection;
+            copy_summary(transfer::write_archive(root, req.path(), fds.at(0).get(), options),
+                         result.mutable_copy());
+            break;
+        }
+        case v1::init::FileOp::kStat:
+            *result.mutable_stat() =
+                to_proto(transfer::stat_path(root, op.stat().path(), op.stat().follow()));
+            break;
+        case v1::init::FileOp::kMakeDirs: {
+            const auto& req = op.make_dirs();
+            result.set_created(transfer::make_dirs(root, req.path(), req.mode() ? req.mode() : 0755,
+                                                   owner_for(req.user())));
+            break;
+        }
+        case v1::init::FileOp::kRemove:
+            transfer::remove_path(root, op.remove().path(), op.remove().recursive());
+            break;
+        default:
+            throw SysError("file operation", "empty request", EINVAL);
+    }
+    return result;
+}
+
+}  // namespace
+
+void run_file_op(int connection, const v1::init::FileOp& op, std::vector<UniqueFd> fds) {
+    v1::init::FileResult result;
+    try {
+        result = perform(connection, op, fds);
+    } catch (const SysError& e) {
+        result.mutable_failed()->set_code(code_for_errno(e.code()));
+        result.mutable_failed()->set_message(e.what());
+    } catch (const OperationError& e) {
+        result.mutable_failed()->set_code(e.code);
+        result.mutable_failed()->set_message(e.what());
+    } catch (const std::exception& e) {
+        result.mutable_failed()->set_code(kInternal);
+        result.mutable_failed()->set_message(e.what());
+    }
+    // The stream ends before the answer: a client reading a download sees EOF first.
+    fds.clear();
+    v1::init::FromSandbox msg;
+    *msg.mutable_file_result() = std::move(result);
+    try {
+        wire::write_frame(connection, msg);
+    } catch (const std::exception&) {
+        // The daemon went away; nobody is waiting for the answer.
+    }
+}
+
+}  // namespace berth::init
