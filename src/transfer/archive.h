@@ -1,0 +1,82 @@
+// Trees as a tar stream (POSIX pax): what moves between a client and a sandbox. The writer
+// walks a tree by fds, never following a symlink; the reader recreates it under a directory
+// of a Root. File data moves with splice/copy_file_range where the fds allow, not through a
+// userspace buffer; a stream is never held in memory whole.
+//
+// What the writer emits: a pax 'x' header before every entry (mtime to the nanosecond,
+// long path/linkpath, big uid/gid/size), then a ustar header, then data padded to 512.
+// Regular files, directories, symlinks, hardlinks (type '1', to the first name of that
+// inode in this stream); sparse files as GNU sparse 1.0 (GNU.sparse.major=1/minor=0/name/
+// realsize, a map in the data) when they have holes. Devices, fifos and sockets are
+// skipped with a warning. The stream ends with two zero blocks.
+//
+// What the reader accepts: ustar and pax ('x', 'g' ignored except as noted), GNU long
+// names ('L', 'K'), base-256 numbers, types '0' '\0' '7' '1' '2' '5'; '3' '4' '6' are
+// skipped with a warning; anything else is an error. Headers with a bad checksum, names
+// that are absolute or contain "..", hardlinks to anything but a regular file written
+// earlier in the same stream: errors naming the entry.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "transfer/file_ops.h"
+#include "transfer/root.h"
+
+namespace berth::transfer {
+
+struct Summary {
+    uint64_t entries = 0;  // entries written or extracted (skipped ones not counted)
+    uint64_t bytes = 0;    // file data bytes (logical sizes)
+    std::vector<std::string> warnings;
+};
+
+// While a transfer runs, `cancel_fd` (if >= 0) is watched whenever the stream would block:
+// readable or hung up means stop (SysError with ECANCELED). The daemon's connection.
+struct WriteOptions {
+    // The top entry's name in the stream (e.g. the destination's basename). Empty = the
+    // basename of the source path.
+    std::string name;
+    // A directory source: write a "." entry for the directory itself, then its contents
+    // named relative to it, instead of one entry named `name` with its subtree.
+    bool contents_only = false;
+    int cancel_fd = -1;
+};
+
+// Writes the entry at `path` inside `root` (not following a symlink at `path` itself) to
+// `out` (a pipe, socket or file). Throws SysError naming the path on failure.
+Summary write_archive(const Root& root, std::string_view path, int out,
+                      const WriteOptions& options);
+
+struct ExtractOptions {
+    // Ownership of what is created. from_archive = the uid/gid recorded in each entry.
+    enum class Owners { fixed, from_archive } owners = Owners::fixed;
+    Ownership owner;  // for Owners::fixed; nullopt fields = leave as the process creates
+    // Created parent directories of `dest` (mkdir -p) get this mode and `owner`.
+    mode_t parent_mode = 0755;
+    int cancel_fd = -1;
+};
+
+// Reads a tar stream from `in` (a pipe, socket or file) and recreates its entries under
+// the directory `dest` inside `root` (created with parents). A "." entry applies its mode,
+// mtime (and owner) to `dest` itself. Regular files are written to a temporary in the
+// target directory and renamed over the final name once complete, with mode, owner and
+// mtime set; directory modes and mtimes are set after their contents. Existing files and
+// symlinks are replaced; an existing directory is merged into; a directory where a file
+// is (or the reverse) is an error naming the path. Symlinks are created as they are and
+// never followed while extracting (a later entry under a symlinked directory is ELOOP).
+// On any error, everything this call created is removed (files it replaced stay replaced:
+// each replacement is atomic) and SysError names the entry and the failing call.
+Summary extract_archive(int in, const Root& root, std::string_view dest,
+                        const ExtractOptions& options);
+
+// Makes a pipe's buffer 1 MiB (F_SETPIPE_SZ; failure ignored, e.g. over pipe-max-size).
+// Whoever creates the pipe a stream goes through should call it on one end.
+void enlarge_pipe(int fd);
+
+}  // namespace berth::transfer
