@@ -49,7 +49,9 @@ UniqueFd open_beneath(int dirfd, std::string_view rel, int flags, Resolver resol
     if (resolver == Resolver::openat2) {
         std::string p(rel);
         open_how how{};
-        how.flags = static_cast<uint64_t>(flags | O_NOFOLLOW | O_CLOEXEC);
+        // RESOLVE_NO_SYMLINKS refuses a trailing symlink too (ELOOP), unless O_NOFOLLOW
+        // with O_PATH asks for the link itself: leave O_NOFOLLOW out.
+        how.flags = static_cast<uint64_t>((flags & ~O_NOFOLLOW) | O_CLOEXEC);
         how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
         for (int tries = 0;; ++tries) {
             long fd = ::syscall(SYS_openat2, dirfd, p.c_str(), &how, sizeof how);

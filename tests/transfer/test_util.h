@@ -5,6 +5,7 @@
 #include <ftw.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@ namespace berth::transfer::testing {
 class PrivateMountNs : public ::testing::Environment {
   public:
     void SetUp() override {
+        ::signal(SIGPIPE, SIG_IGN);  // a stream reader that stops early: EPIPE, not death
         if (::unshare(CLONE_NEWNS) == 0 &&
             ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0)
             available = true;
