@@ -12,6 +12,7 @@ import select
 import socket
 import struct
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,9 +216,10 @@ class Connection:
         return reply.hello
 
     def create(self, rootfs: str, persistent: bool = False, name: str = "", hostname: str = "",
-               memory_bytes: int = 0, cpus: float = 0, pids: int = 0, timeout=None):
+               memory_bytes: int = 0, cpus: float = 0, pids: int = 0, timeout=None,
+               workdir: str = ""):
         req = pb.CreateSandbox(rootfs=str(rootfs), persistent=persistent, name=name,
-                               hostname=hostname,
+                               hostname=hostname, workdir=workdir,
                                resources=pb.Resources(memory_bytes=memory_bytes, cpus=cpus,
                                                       pids=pids))
         return self.call("create", req, timeout).create.sandbox
@@ -291,6 +293,185 @@ class Connection:
                 self.send_input(rid, stdin_data)
             self.send_input(rid, close=True)
         return self.collect_exec(rid, timeout=timeout)
+
+    # ---- file transfer -----------------------------------------------------------------
+    # CopyIn and CopyOut carry exactly one fd, a pipe, attached to the frame by SCM_RIGHTS:
+    # the read end for CopyIn (the client writes the tar stream into the write end), the
+    # write end for CopyOut (the client reads the stream from the read end). `fds` below may
+    # be one fd, None (no fd) or a sequence (to send several, or the wrong kind, on purpose).
+
+    def send_with_fds(self, msg, fds=()) -> None:
+        """Sends a ClientMessage with `fds` attached to the frame's first byte."""
+        data = encode_frame(msg.SerializeToString())
+        fds = _fd_list(fds)
+        if not fds:
+            self.send_raw(data)
+            return
+        self.sock.settimeout(self.timeout)
+        sent = socket.send_fds(self.sock, [data], fds)
+        if sent < len(data):
+            self.sock.sendall(data[sent:])
+
+    def request_with_fds(self, body: str, value, fds=(), request_id: Optional[int] = None) -> int:
+        msg = pb.ClientMessage()
+        msg.id = self.next_id() if request_id is None else request_id
+        getattr(msg, body).CopyFrom(value)
+        self.send_with_fds(msg, fds)
+        return msg.id
+
+    def start_copy_in(self, sandbox: str, path: str, fds, user: str = "",
+                      preserve_owners: bool = False) -> int:
+        req = pb.CopyIn(sandbox=sandbox, path=path, user=user, preserve_owners=preserve_owners)
+        return self.request_with_fds("copy_in", req, fds)
+
+    def start_copy_out(self, sandbox: str, path: str, fds, name: str = "",
+                       contents_only: bool = False) -> int:
+        req = pb.CopyOut(sandbox=sandbox, path=path, name=name, contents_only=contents_only)
+        return self.request_with_fds("copy_out", req, fds)
+
+    def copy_in(self, sandbox: str, path: str, pipe_read_fd, user: str = "",
+                preserve_owners: bool = False, timeout: Optional[float] = None):
+        """Sends CopyIn with the pipe's read end and waits for the CopyReply (raises BerthError).
+        Someone must write the stream into the pipe meanwhile (and close it): see upload()."""
+        rid = self.start_copy_in(sandbox, path, pipe_read_fd, user, preserve_owners)
+        return self.wait_reply(rid, timeout).copy
+
+    def copy_out(self, sandbox: str, path: str, pipe_write_fd, name: str = "",
+                 contents_only: bool = False, timeout: Optional[float] = None):
+        """Sends CopyOut with the pipe's write end and waits for the CopyReply. Someone must read
+        the pipe meanwhile: see download()."""
+        rid = self.start_copy_out(sandbox, path, pipe_write_fd, name, contents_only)
+        return self.wait_reply(rid, timeout).copy
+
+    def upload(self, sandbox: str, path: str, data: bytes, timeout: Optional[float] = None,
+               **kw):
+        """CopyIn of the tar stream `data` through a fresh pipe; returns the CopyReply."""
+        r, w = os.pipe()
+        writer = None
+        try:
+            rid = self.start_copy_in(sandbox, path, r, **kw)
+            os.close(r)
+            r = -1
+            writer = _PipeWriter(w, data)
+            w = -1
+            return self.wait_reply(rid, timeout).copy
+        finally:
+            for fd in (r, w):
+                if fd >= 0:
+                    os.close(fd)
+            if writer is not None:
+                writer.finish()
+
+    def download(self, sandbox: str, path: str, timeout: Optional[float] = None, **kw):
+        """CopyOut through a fresh pipe; returns (the tar stream's bytes, CopyReply). Raises
+        BerthError for an Error reply, AssertionError if the daemon keeps the pipe open after
+        its reply."""
+        r, w = os.pipe()
+        reader = None
+        try:
+            rid = self.start_copy_out(sandbox, path, w, **kw)
+            os.close(w)
+            w = -1
+            reader = _PipeReader(r)
+            r = -1
+            reply = self.wait_reply(rid, timeout).copy
+            data = reader.result(10.0)
+            reader = None
+            return data, reply
+        finally:
+            for fd in (r, w):
+                if fd >= 0:
+                    os.close(fd)
+            if reader is not None:
+                reader.abandon()
+
+    def stat_path(self, sandbox: str, path: str, follow: bool = False,
+                  timeout: Optional[float] = None):
+        """The PathStat (type MISSING when nothing is there)."""
+        req = pb.StatPath(sandbox=sandbox, path=path, follow=follow)
+        return self.call("stat_path", req, timeout).stat_path.stat
+
+    def make_dirs(self, sandbox: str, path: str, user: str = "", mode: int = 0,
+                  timeout: Optional[float] = None) -> bool:
+        req = pb.MakeDirs(sandbox=sandbox, path=path, user=user, mode=mode)
+        return self.call("make_dirs", req, timeout).make_dirs.created
+
+    def remove_path(self, sandbox: str, path: str, recursive: bool = False,
+                    timeout: Optional[float] = None):
+        req = pb.RemovePath(sandbox=sandbox, path=path, recursive=recursive)
+        return self.call("remove_path", req, timeout).remove_path
+
+
+def _fd_list(fds) -> List[int]:
+    if fds is None:
+        return []
+    if isinstance(fds, int):
+        return [fds]
+    return list(fds)
+
+
+class _PipeWriter:
+    """Writes `data` into the pipe fd (owned, closed at the end) from a thread. A daemon that
+    stops reading early (an error) is fine: the write fails with EPIPE and is dropped."""
+
+    def __init__(self, fd: int, data: bytes):
+        self.fd = fd
+        self.data = data
+        self.error = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        view = memoryview(self.data)
+        try:
+            while view:
+                n = os.write(self.fd, view[:1 << 20])
+                view = view[n:]
+        except (BrokenPipeError, OSError) as e:
+            self.error = e
+        finally:
+            os.close(self.fd)
+
+    def finish(self, timeout: float = 30.0):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the daemon stopped reading the CopyIn pipe"
+
+
+class _PipeReader:
+    """Reads the pipe fd (owned, closed at the end) to EOF in a thread."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.chunks: List[bytes] = []
+        self.done = threading.Event()
+        self.stop = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        try:
+            while not self.stop:
+                ready, _, _ = select.select([self.fd], [], [], 0.2)
+                if not ready:
+                    continue
+                chunk = os.read(self.fd, 1 << 20)
+                if not chunk:
+                    break
+                self.chunks.append(chunk)
+        finally:
+            os.close(self.fd)
+            self.done.set()
+
+    def result(self, timeout: float) -> bytes:
+        if not self.done.wait(timeout):
+            self.abandon()
+            raise AssertionError(f"the CopyOut pipe was still open {timeout:.0f} s after the "
+                                 f"reply: the daemon or the sandbox kept its write end")
+        return b"".join(self.chunks)
+
+    def abandon(self):
+        self.stop = True
+        self.done.wait(5)
 
 
 def connect(path: str, hello: bool = True, timeout: float = DEFAULT_TIMEOUT) -> Connection:

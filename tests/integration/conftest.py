@@ -135,13 +135,18 @@ def busybox_rootfs(base_dir):
 class Daemon:
     """A real berthd with its own runtime dir, state dir, socket and cgroup parent."""
 
-    def __init__(self, base: Path, lease: float = DEFAULT_LEASE, max_frame=None, extra_args=()):
+    def __init__(self, base: Path, lease: float = DEFAULT_LEASE, max_frame=None, extra_args=(),
+                 env=None, state_dir=None):
+        """env: extra variables for berthd's environment (BERTH_* ones included, e.g.
+        BERTH_TRANSFER_RESOLVER); state_dir: where the writable layers live (default: under
+        the daemon's own dir), e.g. a small tmpfs."""
         n = next(_daemon_counter)
         self.dir = base / f"d{n}"
         self.dir.mkdir(mode=0o755)
         self.dir.chmod(0o755)
         self.runtime_dir = self.dir / "run"
-        self.state_dir = self.dir / "state"
+        self.state_dir = Path(state_dir) if state_dir is not None else self.dir / "state"
+        self.extra_env = dict(env or {})
         self.socket = str(self.runtime_dir / "berth.sock")
         self.cgroup_parent = f"berth-it-{os.getpid()}-{n}"
         self.lease = lease
@@ -161,6 +166,7 @@ class Daemon:
             args += ["--max-frame", str(self.max_frame)]
         args += self.extra_args
         env = {k: v for k, v in os.environ.items() if not k.startswith("BERTH_")}
+        env.update(self.extra_env)
         log = open(self.log_path, "ab")
         log.write(f"---- start #{self.starts + 1}: {' '.join(args)}\n".encode())
         log.flush()
@@ -254,6 +260,10 @@ class Daemon:
     def inspect(self, sandbox: str) -> dict:
         import json
         return json.loads(self.cli_ok("inspect", sandbox))
+
+    def upper_dir(self, sandbox_id: str) -> Path:
+        """The sandbox's writable overlay layer on the host (what uploads create lands here)."""
+        return self.state_dir / "sandboxes" / sandbox_id / "upper"
 
     # ---- cleanup -----------------------------------------------------------------------
     def cleanup(self) -> list:
