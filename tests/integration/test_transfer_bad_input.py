@@ -157,6 +157,18 @@ def test_destination_is_a_file(daemon, sb, conn, work):
     still_copies(daemon, sb)
 
 
+def test_exactly_one_side_in_a_sandbox(daemon, sb, work):
+    f = work / "f"
+    f.write_text("f\n")
+    fails(daemon, "cp", f, work / "g", needles=["SANDBOX:PATH"])
+    fails(daemon, "cp", f"{sb}:/etc/passwd", f"{sb}:/tmp/x", needles=["SANDBOX:PATH"])
+    fails(daemon, "cp", "-", "-", needles=["SANDBOX:PATH"])
+    assert sorted(os.listdir(work)) == ["f"]
+    # "./a:b" is a host path (a slash before the colon), so this is host-to-host too.
+    fails(daemon, "cp", f, f"./{sb}:x", needles=["SANDBOX:PATH"], cwd=str(work))
+    still_copies(daemon, sb)
+
+
 # ---- the pipe ------------------------------------------------------------------------------
 
 def berthd_fds(daemon) -> int:

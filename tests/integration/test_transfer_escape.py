@@ -16,6 +16,8 @@ import concurrent.futures
 import grp
 import json
 import os
+import socket
+import struct
 import threading
 from pathlib import Path
 
@@ -23,6 +25,7 @@ import pytest
 
 import berth_proto
 import transferutil as tu
+from berth_proto import pb
 from conftest import _daemon_fixture
 from transferutil import fails, ok, sh
 
@@ -523,3 +526,121 @@ def test_hostile_tar_refused(esc, case):
     assert sh(e.daemon, e.sid, "cat /etc/passwd").encode() == e.sandbox_passwd
     assert not (e.upper / "etc/passwd").exists()
     assert_host_untouched(e, f"by the hostile tar {case}")
+
+
+# ---- a hostile stream on the way down ------------------------------------------------------
+
+class FakeDaemon:
+    """A stand-in for berthd that answers a download with a hostile tar stream: what a
+    compromised sandbox side could send, which the CLI extracts on the host with the
+    caller's rights. It speaks just enough of the protocol for `berth cp SB:/x DST`: Hello,
+    StatPath (a directory), CopyOut (writes the stream into the pipe that comes with it)."""
+
+    def __init__(self, path: Path, stream: bytes):
+        self.path = path
+        self.socket = str(path)
+        self.stream = stream
+        self.errors = []
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(path))
+        self.sock.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            try:
+                self._serve_conn(conn)
+            except Exception as e:  # noqa: BLE001 - reported by close()
+                self.errors.append(repr(e))
+
+    def _serve_conn(self, conn):
+        buf, fds = b"", []
+        while True:
+            data, new_fds, _, _ = socket.recv_fds(conn, 65536, 8)
+            fds += new_fds
+            if not data:
+                return
+            buf += data
+            while len(buf) >= 4:
+                (n,) = struct.unpack(">I", buf[:4])
+                if len(buf) < 4 + n:
+                    break
+                msg = pb.ClientMessage()
+                msg.ParseFromString(buf[4:4 + n])
+                buf = buf[4 + n:]
+                reply = pb.ServerMessage(id=msg.id)
+                which = msg.WhichOneof("body")
+                if which == "hello":
+                    reply.hello.protocol_version = 1
+                    reply.hello.server_version = "fake"
+                    reply.hello.max_frame_bytes = 4 << 20
+                elif which == "stat_path":
+                    reply.stat_path.stat.type = pb.PathStat.DIRECTORY
+                    reply.stat_path.stat.mode = 0o755
+                elif which == "copy_out" and fds:
+                    fd = fds.pop(0)
+                    try:
+                        view = memoryview(self.stream)
+                        while view:
+                            view = view[os.write(fd, view):]
+                    except BrokenPipeError:
+                        pass
+                    finally:
+                        os.close(fd)
+                    reply.copy.entries = 1
+                else:
+                    reply.error.code = pb.INVALID_ARGUMENT
+                    reply.error.message = f"fake berthd: {which}"
+                conn.sendall(berth_proto.encode_frame(reply.SerializeToString()))
+
+    def close(self):
+        self.sock.close()
+        self.thread.join(5)
+
+
+def hostile_download_cases(C):
+    f, s, h, d = tu.tar_file, tu.tar_symlink, tu.tar_hardlink, tu.tar_dir
+    P = b"PWNED\n"
+    return {
+        "symlink-then-through": [s("evil", C), f("evil/secret", P)],
+        "symlink-to-root-then-through": [s("evil", "/"), d("evil/tmp"),
+                                         f("evil/tmp/pwn-{T}", P)],
+        "dotdot": [f("ok-{T}", b"ok\n"), f("../../pwn-{T}", P)],
+        "absolute": [f("/tmp/pwn-{T}", P)],
+        "hardlink-to-host-file": [h("h-{T}", C + "/secret")],
+        "hardlink-through-symlink": [s("l", C), h("h-{T}", "l/secret")],
+        "hardlink-dotdot": [h("h-{T}", "../../../../../../.." + C + "/secret")],
+    }
+
+
+HOSTILE_DOWN = list(hostile_download_cases("/C"))
+
+
+@pytest.mark.parametrize("case", HOSTILE_DOWN)
+def test_download_of_a_hostile_stream_refused(base_dir, canary, case):
+    T = "berthdown" + os.urandom(4).hex()
+    members = []
+    for info, data in hostile_download_cases(str(canary.root))[case]:
+        info.name = info.name.replace("{T}", T)
+        members.append((info, data))
+    work = base_dir / "hostile-download" / case
+    dst = work / "dst"
+    dst.mkdir(parents=True)
+    fake = FakeDaemon(work / "fake.sock", tu.tar_bytes(members))
+    try:
+        r = tu.berth(fake, "cp", "fake:/x/.", dst, timeout=30)
+    finally:
+        fake.close()
+    assert not fake.errors, fake.errors
+    canary.check(f"by extracting the hostile download {case}")
+    hits = tu.host_hits(T, [base_dir, "/tmp", "/var/tmp"], exclude=[])
+    assert not hits, f"the hostile download wrote outside its destination: {hits}"
+    assert r.returncode == 125, tu.describe(["cp", "fake:/x/.", dst], r)
+    assert r.stderr.startswith(b"berth: "), r.stderr
+    # What the failed extraction created is removed.
+    assert sorted(os.listdir(dst)) == [], sorted(os.listdir(dst))
