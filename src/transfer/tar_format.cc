@@ -137,7 +137,7 @@ bool parse_number(const char* field, size_t len, int64_t* out) {
     auto first = static_cast<unsigned char>(field[0]);
     if (first == 0x80 || first == 0xff) {
         bool neg = first == 0xff;
-        uint64_t v = 0;
+        uint64_t v = neg ? ~uint64_t{0} : 0;  // two's complement, sign-extended
         for (size_t i = 1; i < len; ++i) {
             if (i < len - 8 && static_cast<unsigned char>(field[i]) != (neg ? 0xff : 0))
                 return false;  // more than 64 bits

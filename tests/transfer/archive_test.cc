@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
@@ -582,6 +583,76 @@ TEST_P(ArchiveTest, CancelFdStopsABlockedTransfer) {
     EXPECT_EQ(error_of([&] { extract_archive(dr.get(), dst(), "c", eo); }), ECANCELED);
     t2.join();
     EXPECT_FALSE(exists(base / "dst/c"));
+}
+
+TEST_P(ArchiveTest, ThroughASocketAndAFile) {
+    make_tree(base / "src/d");
+    ManifestOptions mo = ManifestOptions().excluding({"fifo"});
+    auto want = manifest(base / "src/d", mo);
+    // A socket: sendfile on the writer side, read+write on the reader side.
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    UniqueFd a(sv[0]), b(sv[1]);
+    ExtractOptions eo;
+    eo.owners = ExtractOptions::Owners::from_archive;
+    std::exception_ptr err;
+    std::thread t([&] {
+        try {
+            write_archive(src(), "d", a.get(), {});
+        } catch (...) {
+            err = std::current_exception();
+        }
+        a.reset();
+    });
+    extract_archive(b.get(), dst(), "sock", eo);
+    t.join();
+    ASSERT_FALSE(err);
+    EXPECT_EQ(diff(want, manifest(base / "dst/sock/d", mo)), "");
+    // A regular file: copy_file_range both ways.
+    {
+        UniqueFd out(
+            ::open((base / "s.tar").c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+        write_archive(src(), "d", out.get(), {});
+    }
+    UniqueFd in(::open((base / "s.tar").c_str(), O_RDONLY | O_CLOEXEC));
+    extract_archive(in.get(), dst(), "file", eo);
+    EXPECT_EQ(diff(want, manifest(base / "dst/file/d", mo)), "");
+}
+
+TEST_P(ArchiveTest, ReaderCornerCases) {
+    StreamBuilder b;
+    b.header("g", 'g', 20)
+        .data(std::string("20 comment=global\n\0", 20))
+        .file("./a", "first")
+        .file("a", "second", 0600)
+        .file("s", "file, then a symlink")
+        .symlink("s", "a")
+        .header("fifo", '6', 0)
+        .header("chr", '3', 0)
+        .header("blk", '4', 0)
+        .dir("d")         // no trailing slash
+        .file("d2/", "")  // a '0' with a trailing slash is a directory
+        .file("implied/deep/file", "x")
+        .end();
+    Summary r = extract_string(b.s, dst(), "out");
+    EXPECT_EQ(read_file_or(base / "dst/out/a"), "second");
+    char buf[8] = {};
+    ASSERT_EQ(::readlink((base / "dst/out/s").c_str(), buf, sizeof buf), 1);
+    EXPECT_EQ(r.warnings.size(), 3u);
+    EXPECT_FALSE(exists(base / "dst/out/fifo"));
+    struct stat st;
+    ASSERT_EQ(::stat((base / "dst/out/d2").c_str(), &st), 0);
+    EXPECT_TRUE(S_ISDIR(st.st_mode));
+    EXPECT_EQ(read_file_or(base / "dst/out/implied/deep/file"), "x");
+    EXPECT_EQ(r.entries, 7u);  // a, a, s, s, d, d2, implied/deep/file
+
+    // Names the kernel refuses come out as such.
+    StreamBuilder n;
+    n.pax({{"path", "ok/" + std::string(300, 'x')}}).file("placeholder", "x").end();
+    std::string what;
+    EXPECT_EQ(error_of([&] { extract_string(n.s, dst(), "long"); }, &what), ENAMETOOLONG);
+    EXPECT_NE(what.find("long/ok/xxxx"), std::string::npos) << what;
+    EXPECT_FALSE(exists(base / "dst/long"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Resolvers, ArchiveTest, ::testing::ValuesIn(resolvers()), resolver_name);
