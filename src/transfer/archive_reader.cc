@@ -110,6 +110,7 @@ class Extractor {
   private:
     void setup();
     void loop();
+    void drain_trailer();
     void finish_dirs();
     void rollback() noexcept;
 
@@ -161,6 +162,7 @@ Summary Extractor::run() {
     try {
         setup();
         loop();
+        drain_trailer();
         finish_dirs();
     } catch (...) {
         rollback();
@@ -267,6 +269,25 @@ void Extractor::apply_pax(std::string_view data, std::string_view subject) {
                 bad("pax header (sparse map too long)", subject);
             meta_.sparse_pairs.push_back(*n);
         }
+    }
+}
+
+// tar(1) pads its output to whole records (10 KiB by default) after the end marker; a
+// producer piping into us would get EPIPE if we stopped reading there. Zero padding is read
+// and dropped (up to a bound: a stream is not a place to hide megabytes); anything else
+// after the end is an error.
+void Extractor::drain_trailer() {
+    constexpr uint64_t kMaxTrailer = 16u << 20;
+    char block[tar::kBlock];
+    for (uint64_t seen = 0; seen < kMaxTrailer; seen += tar::kBlock) {
+        size_t n = in_.read_upto(block, tar::kBlock);
+        if (n == 0) return;
+        if (n < tar::kBlock) {
+            if (std::all_of(block, block + n, [](char c) { return c == 0; })) return;
+            bad("tar stream (data after the end-of-archive marker)", dest_display_);
+        }
+        if (!tar::is_zero_block(block))
+            bad("tar stream (data after the end-of-archive marker)", dest_display_);
     }
 }
 
