@@ -234,7 +234,12 @@ Root::Parent Root::open_parent(std::string_view path) const {
                                                            : p.substr(0, slash);
     if (name == "." || name == "..") throw_sys("open_parent", path, EINVAL);
     Parent parent;
-    parent.dir = open_at(dir, O_PATH | O_DIRECTORY);
+    try {
+        parent.dir = open_at(dir, O_PATH | O_DIRECTORY);
+    } catch (const SysError& e) {
+        // Name what the caller asked for, not the directory above it.
+        throw SysError("open", path, e.code());
+    }
     parent.name = std::string(name);
     return parent;
 }

@@ -11,6 +11,7 @@
 #include <exception>
 #include <thread>
 
+#include "base/error.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::client {
@@ -186,6 +187,20 @@ v1::CopyReply Client::copy(v1::ClientMessage request, bool upload,
     // If the sandbox side failed, it has closed its end: a producer gets EPIPE, a
     // consumer EOF, and the thread ends.
     worker.join();
+    // Whichever side failed first is the one to report. A broken pipe (EPIPE) or a stream
+    // that ended early (EIO) here is the other side's failure showing through; any other
+    // local error (the host file unreadable, the host disk full) is the cause, and the
+    // sandbox side's error is its echo.
+    bool local_is_echo = false;
+    if (stream_error) {
+        try {
+            std::rethrow_exception(stream_error);
+        } catch (const SysError& e) {
+            local_is_echo = e.code() == EPIPE || e.code() == EIO;
+        } catch (...) {
+        }
+    }
+    if (stream_error && !local_is_echo) std::rethrow_exception(stream_error);
     if (daemon_error) std::rethrow_exception(daemon_error);
     if (reply.has_error()) throw ClientError(reply.error().code(), reply.error().message());
     if (stream_error) std::rethrow_exception(stream_error);

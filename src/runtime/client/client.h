@@ -34,8 +34,9 @@ class Client {
     // File transfer through a pipe (see CopyIn/CopyOut in berth.proto). `produce` writes
     // the tar stream to the fd it is given, `consume` reads it; either runs on a thread of
     // its own while this one waits for the daemon, and the fd is closed when it returns.
-    // The daemon's error wins (ClientError); else an exception of produce/consume is
-    // rethrown as it is.
+    // The first failure is reported: an exception of produce/consume is rethrown as it is,
+    // unless it is only EPIPE/EIO from the sandbox side stopping, whose error (ClientError)
+    // is then thrown.
     v1::CopyReply copy_in(v1::CopyIn request, const std::function<void(int fd)>& produce);
     v1::CopyReply copy_out(v1::CopyOut request, const std::function<void(int fd)>& consume);
     // The same with a ready pipe end (the CLI's `-` when stdin/stdout is a pipe): the
