@@ -3,12 +3,12 @@
 #include "runtime/daemon/framed_socket.h"
 
 #include <gtest/gtest.h>
-
-#include <algorithm>
-#include <thread>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <thread>
 
 #include "berth.pb.h"
 #include "runtime/wire/frame.h"

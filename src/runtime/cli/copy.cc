@@ -140,15 +140,14 @@ int upload(Client& c, const CopyArgs& args, const std::string& sandbox, const st
     }
     const transfer::Root host = transfer::Root::open("/");
     transfer::Summary sent;
-    v1::CopyReply reply = c.copy_in(
-        req, [&](int fd) { sent = transfer::write_archive(host, src, fd, options); });
+    v1::CopyReply reply =
+        c.copy_in(req, [&](int fd) { sent = transfer::write_archive(host, src, fd, options); });
     print_warnings(sent);
     print_warnings(reply);
     return 0;
 }
 
-int download(Client& c, const CopyArgs& args, const std::string& sandbox,
-             const std::string& src) {
+int download(Client& c, const CopyArgs& args, const std::string& sandbox, const std::string& src) {
     const v1::PathStat source = remote_stat(c, sandbox, src, false);
     if (source.type() == v1::PathStat::MISSING) {
         throw ClientError(v1::NOT_FOUND,
@@ -276,14 +275,12 @@ int run_fs_stat(Client& c, const std::string& target, bool follow, bool json) {
         std::cout << "{\"type\": \"" << type_name(st.type()) << "\", \"mode\": " << st.mode()
                   << ", \"size\": " << st.size() << ", \"uid\": " << st.uid()
                   << ", \"gid\": " << st.gid() << ", \"mtime_ns\": " << st.mtime_ns()
-                  << ", \"link_target\": \"" << json_escape(st.link_target()) << "\"}"
-                  << std::endl;
+                  << ", \"link_target\": \"" << json_escape(st.link_target()) << "\"}" << std::endl;
     } else {
         std::printf("%s %04o %llu %u:%u %lld%s%s\n", type_name(st.type()), st.mode(),
                     static_cast<unsigned long long>(st.size()), st.uid(), st.gid(),
                     static_cast<long long>(st.mtime_ns()),
-                    st.type() == v1::PathStat::SYMLINK ? " -> " : "",
-                    st.link_target().c_str());
+                    st.type() == v1::PathStat::SYMLINK ? " -> " : "", st.link_target().c_str());
     }
     return 0;
 }

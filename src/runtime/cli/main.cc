@@ -227,14 +227,14 @@ int main(int argc, char** argv) {
 
     cli::CopyArgs cp_args;
     auto* cp = app.add_subcommand(
-        "cp", "copy files between the host and a sandbox (SANDBOX:PATH on one side; - for a tar "
-              "stream on stdin/stdout)");
+        "cp",
+        "copy files between the host and a sandbox (SANDBOX:PATH on one side; - for a tar "
+        "stream on stdin/stdout)");
     cp->add_flag("-a,--archive", cp_args.archive,
                  "keep uid/gid numbers (downloads: only when run as root)");
     cp->add_option("-u,--user", cp_args.user, "owner of uploaded files (default root)");
     cp->add_option("source", cp_args.source, "host path, SANDBOX:PATH or -")->required();
-    cp->add_option("destination", cp_args.destination, "host path, SANDBOX:PATH or -")
-        ->required();
+    cp->add_option("destination", cp_args.destination, "host path, SANDBOX:PATH or -")->required();
 
     auto* fs = app.add_subcommand("fs", "file operations inside a sandbox");
     fs->require_subcommand(1);

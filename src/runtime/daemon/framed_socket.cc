@@ -76,7 +76,8 @@ void FramedSocket::on_readable() {
         return;
     }
     in_.append(buf, static_cast<size_t>(n));
-    if (!fds.empty()) fd_batches_.push_back({begin, begin + static_cast<uint64_t>(n), std::move(fds)});
+    if (!fds.empty())
+        fd_batches_.push_back({begin, begin + static_cast<uint64_t>(n), std::move(fds)});
     if (deliver_frames() && socket_.is_open() && !closing_) wait_readable();
 }
 

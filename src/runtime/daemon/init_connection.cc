@@ -27,8 +27,8 @@ InitConnection connect_to_init(const std::string& path, const std::string& sandb
             c.message = "sandbox " + sandbox_id + " has too many requests starting at once";
         } else {
             c.code = v1::UNAVAILABLE;
-            c.message = "sandbox " + sandbox_id + " is not running (connect to its init: " +
-                        std::strerror(e) + ")";
+            c.message = "sandbox " + sandbox_id +
+                        " is not running (connect to its init: " + std::strerror(e) + ")";
         }
         return c;
     }

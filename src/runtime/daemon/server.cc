@@ -7,9 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <iostream>
 #include <algorithm>
 #include <cctype>
+#include <iostream>
 
 #include "base/error.h"
 #include "runtime/daemon/exec_operation.h"

@@ -68,8 +68,7 @@ void set_timeouts(int fd) {
 
 // Forks the worker for a file operation; it owns the connection and the stream fd from
 // here on, and init forgets it (it is reaped like any orphan).
-void start_file_worker(UniqueFd connection, const v1::init::FileOp& op,
-                       std::vector<UniqueFd> fds) {
+void start_file_worker(UniqueFd connection, const v1::init::FileOp& op, std::vector<UniqueFd> fds) {
     const pid_t pid = ::fork();
     if (pid < 0) {
         send_failure(connection.get(), kResourceExhausted,
