@@ -113,7 +113,14 @@ pid_t accept_request(UniqueFd& connection) {
     }
     if (status == wire::ReadStatus::eof) return -1;
     if (status == wire::ReadStatus::ok && request.has_file_op()) {
-        start_file_worker(std::move(connection), request.file_op(), std::move(fds));
+        const auto kind = request.file_op().op_case();
+        if (kind == v1::init::FileOp::kStat || kind == v1::init::FileOp::kMakeDirs) {
+            // A few syscalls, bounded by the path's length and the symlink budget: done
+            // here, a fork would cost more than the work (cp asks for a stat every time).
+            run_file_op(fd, request.file_op(), std::move(fds));
+        } else {
+            start_file_worker(std::move(connection), request.file_op(), std::move(fds));
+        }
         return -1;
     }
     if (status != wire::ReadStatus::ok || !request.has_spawn()) {
