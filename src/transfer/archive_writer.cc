@@ -158,29 +158,9 @@ void Writer::directory(UniqueFd dir, const struct stat& st, const std::string& a
                        const std::string& display) {
     header(arcname == "." ? "./" : arcname + "/", '5', st, 0, {});
     ++summary.entries;
-    int dupfd = ::fcntl(dir.get(), F_DUPFD_CLOEXEC, 0);
-    if (dupfd < 0) throw_sys("dup", display);
-    DIR* d = ::fdopendir(dupfd);
-    if (!d) {
-        int err = errno;
-        ::close(dupfd);
-        throw_sys("fdopendir", display, err);
-    }
-    struct Closer {
-        DIR* d;
-        ~Closer() { ::closedir(d); }
-    } closer{d};
-    for (;;) {
-        errno = 0;
-        dirent* e = ::readdir(d);
-        if (!e) {
-            if (errno) throw_sys("readdir", display);
-            break;
-        }
-        std::string_view n = e->d_name;
-        if (n == "." || n == "..") continue;
-        entry_at(dir.get(), e->d_name, e->d_type, join(arcname, n), display + "/" + e->d_name);
-    }
+    internal::for_each_dir_entry(dir.get(), display, [&](const char* name, unsigned char type) {
+        entry_at(dir.get(), name, type, join(arcname, name), display + "/" + name);
+    });
 }
 
 void Writer::regular(int fd, const struct stat& st, const std::string& arcname,

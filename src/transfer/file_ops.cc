@@ -132,6 +132,33 @@ bool make_dirs_tracked(const Root& root, std::string_view path, mode_t mode, con
     return created_last;
 }
 
+void for_each_dir_entry(int dir_fd, std::string_view display,
+                        const std::function<void(const char* name, unsigned char type)>& f) {
+    int dupfd = ::fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
+    if (dupfd < 0) throw_sys("dup", display);
+    DIR* d = ::fdopendir(dupfd);
+    if (!d) {
+        int err = errno;
+        ::close(dupfd);
+        throw_sys("fdopendir", display, err);
+    }
+    struct Closer {
+        DIR* d;
+        ~Closer() { ::closedir(d); }
+    } closer{d};
+    for (;;) {
+        errno = 0;
+        dirent* e = ::readdir(d);
+        if (!e) {
+            if (errno) throw_sys("readdir", display);
+            return;
+        }
+        std::string_view n = e->d_name;
+        if (n == "." || n == "..") continue;
+        f(e->d_name, e->d_type);
+    }
+}
+
 }  // namespace internal
 
 namespace {
@@ -166,43 +193,23 @@ void remove_tree_at(int parent, const struct stat& parent_st, const std::string&
     struct stat st;
     if (::fstat(dir.get(), &st) != 0) throw_sys("fstat", display);
     if (is_mount_root(dir.get(), parent_st, st)) throw_sys("remove", display, EXDEV);
-    int dupfd = ::fcntl(dir.get(), F_DUPFD_CLOEXEC, 0);
-    if (dupfd < 0) throw_sys("dup", display);
-    DIR* d = ::fdopendir(dupfd);
-    if (!d) {
-        int err = errno;
-        ::close(dupfd);
-        throw_sys("fdopendir", display, err);
-    }
-    struct Closer {
-        DIR* d;
-        ~Closer() { ::closedir(d); }
-    } closer{d};
-    for (;;) {
-        errno = 0;
-        dirent* e = ::readdir(d);
-        if (!e) {
-            if (errno) throw_sys("readdir", display);
-            break;
-        }
-        std::string_view n = e->d_name;
-        if (n == "." || n == "..") continue;
-        std::string child = display + "/" + e->d_name;
-        bool is_dir = e->d_type == DT_DIR;
-        if (e->d_type == DT_UNKNOWN) {
+    internal::for_each_dir_entry(dir.get(), display, [&](const char* entry, unsigned char type) {
+        std::string child = display + "/" + entry;
+        bool is_dir = type == DT_DIR;
+        if (type == DT_UNKNOWN) {
             struct stat cst;
-            if (::fstatat(dir.get(), e->d_name, &cst, AT_SYMLINK_NOFOLLOW) != 0) {
-                if (errno == ENOENT) continue;
+            if (::fstatat(dir.get(), entry, &cst, AT_SYMLINK_NOFOLLOW) != 0) {
+                if (errno == ENOENT) return;
                 throw_sys("stat", child);
             }
             is_dir = S_ISDIR(cst.st_mode);
         }
         if (is_dir) {
-            remove_tree_at(dir.get(), st, e->d_name, child);
-        } else if (::unlinkat(dir.get(), e->d_name, 0) != 0 && errno != ENOENT) {
+            remove_tree_at(dir.get(), st, entry, child);
+        } else if (::unlinkat(dir.get(), entry, 0) != 0 && errno != ENOENT) {
             throw_sys("unlink", child);
         }
-    }
+    });
     if (::unlinkat(parent, name.c_str(), AT_REMOVEDIR) != 0) throw_sys("rmdir", display);
 }
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,6 +32,11 @@ bool make_dirs_tracked(const Root& root, std::string_view path, mode_t mode, con
 
 // fchown when `owner` says so; errors name `subject`.
 void apply_owner(int fd, const Ownership& owner, std::string_view subject);
+
+// Calls `f(name, d_type)` for each entry of the directory `dir_fd` but "." and "..", in
+// readdir order; the fd's own offset is left alone (it reads through a duplicate).
+void for_each_dir_entry(int dir_fd, std::string_view display,
+                        const std::function<void(const char* name, unsigned char type)>& f);
 
 // "a" + "b" = "a/b"; "." + "b" = "b"; "" + "b" = "b".
 std::string join(std::string_view a, std::string_view b);
