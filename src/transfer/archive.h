@@ -46,6 +46,14 @@ struct WriteOptions {
     // named relative to it, instead of one entry named `name` with its subtree.
     bool contents_only = false;
     int cancel_fd = -1;
+    // Large files outside the stream. When the top entry is a regular file without holes,
+    // its header says so (type 'B', pax BERTH.side_file=1, BERTH.side_size=N, size 0) and
+    // its data does not follow in the stream: with `side_data_out` >= 0 the writer copies it
+    // there in the kernel first (a download into an O_TMPFILE the client made); with
+    // `side_data_passed` the caller hands the same file to the reader (an upload). The
+    // header is written after the data, so a reader that sees it can use the file.
+    int side_data_out = -1;
+    bool side_data_passed = false;
 };
 
 // Writes the entry at `path` inside `root` (not following a symlink at `path` itself) to
@@ -60,6 +68,13 @@ struct ExtractOptions {
     // Created parent directories of `dest` (mkdir -p) get this mode and `owner`.
     mode_t parent_mode = 0755;
     int cancel_fd = -1;
+    // Entries whose data is outside the stream (BERTH.side_file=k, see WriteOptions): the
+    // data is copied from side_data[k-1] (an upload: the client's file, read-only)...
+    std::vector<int> side_data;
+    // ...or, for k = 1 when `prefilled` >= 0, it is already in `prefilled`, an O_TMPFILE
+    // made by the caller on the destination's filesystem, which becomes the entry's file
+    // (a download). A side entry with neither is an error.
+    int prefilled = -1;
 };
 
 // Reads a tar stream from `in` (a pipe, socket or file) and recreates its entries under

@@ -49,7 +49,7 @@ timespec to_timespec(int64_t ns) {
 // Metadata that 'x' (pax) and 'L'/'K' (GNU) headers give the entry after them.
 struct PendingMeta {
     std::optional<std::string> path, linkpath, longname, longlink, sparse_name, sparse_map;
-    std::optional<uint64_t> size, realsize, sparse_major;
+    std::optional<uint64_t> size, realsize, sparse_major, side_file, side_size;
     std::optional<int64_t> uid, gid, mtime_ns;
     std::vector<uint64_t> sparse_pairs;  // GNU sparse 0.0: offset, numbytes, ...
 };
@@ -68,6 +68,7 @@ struct Entry {
     enum class Sparse { none, v0, v1 } sparse = Sparse::none;
     uint64_t realsize = 0;
     std::vector<tar::SparseSegment> segments;  // v0: from the pax header
+    uint64_t side_file = 0, side_size = 0;     // data outside the stream (BERTH.side_file)
 };
 
 struct Created {
@@ -135,6 +136,7 @@ class Extractor {
 
     void extract_dir(Entry& e);
     void extract_file(Entry& e);
+    void side_data(const Entry& e, Temp& t, int dirfd);
     void extract_symlink(Entry& e);
     void extract_hardlink(Entry& e);
     void read_sparse_map(Entry& e, uint64_t* map_bytes);
@@ -154,6 +156,7 @@ class Extractor {
     std::string cache_rel_;
     UniqueFd cache_fd_;
     bool tmpfile_ok_ = true;
+    bool prefilled_used_ = false;
     std::mt19937_64 rng_;
     Summary summary_;
 };
@@ -254,6 +257,10 @@ void Extractor::apply_pax(std::string_view data, std::string_view subject) {
             int64_t ns;
             if (!tar::parse_pax_time(v, &ns)) bad("pax header (bad mtime)", subject);
             meta_.mtime_ns = ns;
+        } else if (k == "BERTH.side_file") {
+            number(meta_.side_file);
+        } else if (k == "BERTH.side_size") {
+            number(meta_.side_size);
         } else if (k == "GNU.sparse.major") {
             number(meta_.sparse_major);
         } else if (k == "GNU.sparse.name") {
@@ -362,6 +369,15 @@ void Extractor::entry(const tar::Header& h) {
     normalize(e);
 
     bool regular = e.type == '0' || e.type == '\0' || e.type == '7';
+    // A side entry ('B', a vendor type: readers that do not know it refuse it rather than
+    // make an empty file) is a regular file whose data is outside the stream.
+    if (e.type == tar::kSideFileType || meta_.side_file) {
+        if (e.type != tar::kSideFileType || e.size != 0 || !meta_.side_file || !meta_.side_size ||
+            *meta_.side_file == 0 || meta_.sparse_major || meta_.sparse_map)
+            bad("side file entry (type B, BERTH.side_file)", e.where);
+        e.side_file = *meta_.side_file;
+        e.side_size = *meta_.side_size;
+    }
     if (regular && meta_.sparse_major) {
         if (*meta_.sparse_major != 1 || !meta_.realsize) bad("pax header (GNU sparse)", e.where);
         e.sparse = Entry::Sparse::v1;
@@ -395,6 +411,8 @@ void Extractor::entry(const tar::Header& h) {
         case '\0':
         case '7':
             if (e.trailing_slash) return extract_dir(e);
+            return extract_file(e);
+        case tar::kSideFileType:
             return extract_file(e);
         case '5':
             return extract_dir(e);
@@ -660,13 +678,47 @@ void Extractor::read_sparse_map(Entry& e, uint64_t* map_bytes) {
     *map_bytes = consumed;
 }
 
+// The file of a side entry: the caller's prefilled O_TMPFILE (adopted: it is linked in
+// like our own temporaries), or a temporary filled from the passed file in the kernel.
+void Extractor::side_data(const Entry& e, Temp& t, int dirfd) {
+    if (e.side_file == 1 && options_.prefilled >= 0 && !prefilled_used_) {
+        struct stat st;
+        if (::fstat(options_.prefilled, &st) != 0) throw_sys("stat", e.where);
+        if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != e.side_size)
+            bad("side file (not the announced " + std::to_string(e.side_size) + " bytes)", e.where,
+                EIO);
+        t.dirfd = dirfd;
+        t.fd.reset(::fcntl(options_.prefilled, F_DUPFD_CLOEXEC, 0));
+        if (!t.fd) throw_sys("dup", e.where);
+        prefilled_used_ = true;
+    } else if (e.side_file <= options_.side_data.size()) {
+        make_temp(t, dirfd, e.where);
+        const uint64_t copied =
+            internal::copy_file_to_file(options_.side_data[e.side_file - 1], t.fd.get(),
+                                        e.side_size, options_.cancel_fd, e.where);
+        if (copied != e.side_size)
+            bad("side file (shorter than the announced " + std::to_string(e.side_size) + " bytes)",
+                e.where, EIO);
+    } else {
+        bad("side file " + std::to_string(e.side_file) + " (not passed with the stream)", e.where,
+            EINVAL);
+    }
+    summary_.bytes += e.side_size;
+}
+
 void Extractor::extract_file(Entry& e) {
     if (e.rel.empty()) bad("entry name (a file as the destination)", e.name, EINVAL);
     auto [dirfd, base] = parent_of(e);
     Temp t;
-    make_temp(t, dirfd, e.where);
     uint64_t data = e.size;
-    if (e.sparse == Entry::Sparse::none) {
+    if (e.side_file) {
+        side_data(e, t, dirfd);
+    } else {
+        make_temp(t, dirfd, e.where);
+    }
+    if (e.side_file) {
+        // The data is in place already.
+    } else if (e.sparse == Entry::Sparse::none) {
         if (e.size <= kSmallData) {
             read_and_peek(in_.scratch(), tar::padded(e.size), e.where);
             size_t done = 0;

@@ -50,6 +50,9 @@ class Writer {
                    const std::string& display);
     void regular(int fd, const struct stat& st, const std::string& arcname,
                  const std::string& display);
+    // A regular file whose data goes outside the stream (see WriteOptions).
+    void regular_side(int fd, const struct stat& st, const std::string& arcname,
+                      const std::string& display, int side_out, int cancel_fd);
     void symlink(const struct stat& st, const std::string& target, const std::string& arcname);
     void skip_special(const struct stat& st, const std::string& display);
     void finish() {
@@ -184,6 +187,22 @@ void Writer::regular(int fd, const struct stat& st, const std::string& arcname,
     summary.bytes += size;
 }
 
+void Writer::regular_side(int fd, const struct stat& st, const std::string& arcname,
+                          const std::string& display, int side_out, int cancel_fd) {
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (side_out >= 0) {
+        // The data first: once the reader sees the header, the file is complete.
+        const uint64_t copied = internal::copy_file_to_file(fd, side_out, size, cancel_fd, display);
+        if (copied != size) throw_sys("read", display + " (changed while being copied)", EIO);
+    }
+    std::string pax;
+    tar::append_pax_record(pax, "BERTH.side_file", "1");
+    tar::append_pax_record(pax, "BERTH.side_size", std::to_string(size));
+    header(arcname, tar::kSideFileType, st, 0, {}, std::move(pax));
+    ++summary.entries;
+    summary.bytes += size;
+}
+
 // GNU sparse 1.0: the map ("count\n" then "offset\nsize\n" per segment, padded to a block)
 // at the start of the data, then the data segments back to back.
 void Writer::sparse(int fd, const struct stat& st, const std::string& arcname,
@@ -301,7 +320,12 @@ Summary write_archive(const Root& root, std::string_view path, int out,
         UniqueFd file = root.open_at(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY);
         if (::fstat(file.get(), &st) != 0) throw_sys("stat", display);
         if (!S_ISREG(st.st_mode)) throw_sys("open", display, EAGAIN);  // replaced meanwhile
-        w.regular(file.get(), st, name, display);
+        const bool holes = st.st_size > 0 && static_cast<uint64_t>(st.st_blocks) * 512 <
+                                                 static_cast<uint64_t>(st.st_size);
+        if ((options.side_data_out >= 0 || options.side_data_passed) && !holes)
+            w.regular_side(file.get(), st, name, display, options.side_data_out, options.cancel_fd);
+        else
+            w.regular(file.get(), st, name, display);
     } else {
         w.skip_special(st, display);
     }

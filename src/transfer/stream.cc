@@ -42,6 +42,40 @@ void wait_fd(int fd, short events, int cancel_fd) {
     }
 }
 
+uint64_t copy_file_to_file(int in, int out, uint64_t n, int cancel_fd, std::string_view subject) {
+    constexpr uint64_t kChunk = 64u << 20;
+    loff_t in_off = 0, out_off = 0;
+    bool use_cfr = true;
+    uint64_t done = 0;
+    while (done < n) {
+        if (cancel_fd >= 0) {
+            pollfd p{cancel_fd, POLLIN, 0};
+            if (::poll(&p, 1, 0) > 0 && p.revents) throw_sys("transfer", "cancelled", ECANCELED);
+        }
+        const size_t chunk = static_cast<size_t>(std::min(kChunk, n - done));
+        ssize_t r;
+        if (use_cfr) {
+            r = ::copy_file_range(in, &in_off, out, &out_off, chunk, 0);
+            if (r < 0 &&
+                (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS)) {
+                use_cfr = false;  // another filesystem: sendfile splices in the kernel
+                continue;
+            }
+        } else {
+            if (::lseek(out, out_off, SEEK_SET) < 0) throw_sys("lseek", subject);
+            r = ::sendfile(out, in, &in_off, chunk);
+            if (r > 0) out_off += r;
+        }
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            throw_sys(use_cfr ? "copy_file_range" : "sendfile", subject);
+        }
+        if (r == 0) break;
+        done += static_cast<uint64_t>(r);
+    }
+    return done;
+}
+
 void throw_truncated(std::string_view subject) {
     throw_sys("read (archive ends early)", subject, EIO);
 }

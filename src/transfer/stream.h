@@ -19,6 +19,11 @@ FdKind fd_kind(int fd);
 // becomes readable or hangs up first.
 void wait_fd(int fd, short events, int cancel_fd);
 
+// Copies `n` bytes from the start of the regular file `in` to the start of the regular file
+// `out` in the kernel (copy_file_range, or sendfile across filesystems), in chunks with a
+// look at `cancel_fd` between them. Returns the bytes copied: fewer if `in` is shorter.
+uint64_t copy_file_to_file(int in, int out, uint64_t n, int cancel_fd, std::string_view subject);
+
 // Sets O_NONBLOCK on `fd` while alive (when `enable`), then restores the flags.
 class NonBlockGuard {
   public:

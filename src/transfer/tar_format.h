@@ -13,6 +13,10 @@
 
 namespace berth::transfer::tar {
 
+// berth's own entry type (POSIX leaves 'A'-'Z' to vendors): a regular file whose data is
+// not in the stream but in a file passed beside it (pax BERTH.side_file, BERTH.side_size).
+inline constexpr char kSideFileType = 'B';
+
 constexpr size_t kBlock = 512;
 // Limits on what the reader holds in memory for one entry.
 constexpr uint64_t kMaxMetaSize = 1 << 20;  // a pax header or GNU long name/link

@@ -201,6 +201,62 @@ TEST_P(ArchiveTest, SingleFileAndSymlinkAndRename) {
     EXPECT_EQ(read_file_or(base / "dst/x/l"), "new data");
 }
 
+// A large file beside the stream (type 'B'): an upload hands the reader the source file,
+// a download has the writer fill an O_TMPFILE the reader then links in.
+TEST_P(ArchiveTest, SideFilesCarryALargeFileOutsideTheStream) {
+    const std::string content = random_bytes(6 << 20, 9);
+    write_file(base / "src/big", content, 0640);
+    set_mtime(base / "src/big", 1600000000, 424242);
+    const auto want = manifest(base / "src", ManifestOptions().no_dir_mtime());
+
+    // Upload: the reader copies from the file passed beside the stream.
+    UniqueFd source(::open((base / "src/big").c_str(), O_RDONLY | O_CLOEXEC));
+    WriteOptions wo;
+    wo.side_data_passed = true;
+    ExtractOptions eo;
+    eo.owners = ExtractOptions::Owners::from_archive;
+    eo.side_data = {source.get()};
+    Summary written;
+    Summary r = roundtrip(src(), "big", wo, dst(), "up", eo, &written);
+    EXPECT_EQ(r.bytes, content.size());
+    EXPECT_EQ(diff(want, manifest(base / "dst/up", ManifestOptions().no_dir_mtime())), "");
+
+    // Download: the writer fills the reader's O_TMPFILE first; the stream has the header.
+    mkdir_p(base / "dst/down");
+    UniqueFd tmp(::open((base / "dst/down").c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+    ASSERT_TRUE(tmp);
+    WriteOptions wo2;
+    wo2.side_data_out = tmp.get();
+    ExtractOptions eo2;
+    eo2.owners = ExtractOptions::Owners::from_archive;
+    eo2.prefilled = tmp.get();
+    roundtrip(src(), "big", wo2, dst(), "down", eo2);
+    EXPECT_EQ(diff(want, manifest(base / "dst/down", ManifestOptions().no_dir_mtime())), "");
+
+    // A side entry with no side file, a side file shorter than announced, a side header on
+    // a plain entry: errors, nothing left behind.
+    auto before = manifest(base / "dst", ManifestOptions().no_dir_mtime());
+    std::string what;
+    StreamBuilder missing;
+    missing.pax({{"BERTH.side_file", "1"}, {"BERTH.side_size", "10"}})
+        .header("m", tar::kSideFileType, 0)
+        .end();
+    EXPECT_EQ(error_of([&] { extract_string(missing.s, dst(), "bad", {}); }, &what), EINVAL);
+    EXPECT_NE(what.find("bad/m"), std::string::npos) << what;
+    StreamBuilder too_long;
+    too_long
+        .pax({{"BERTH.side_file", "1"}, {"BERTH.side_size", std::to_string(content.size() + 1)}})
+        .header("m", tar::kSideFileType, 0)
+        .end();
+    ExtractOptions short_side;
+    short_side.side_data = {source.get()};
+    EXPECT_EQ(error_of([&] { extract_string(too_long.s, dst(), "bad", short_side); }), EIO);
+    StreamBuilder plain;
+    plain.pax({{"BERTH.side_file", "1"}, {"BERTH.side_size", "10"}}).file("m", "").end();
+    EXPECT_EQ(error_of([&] { extract_string(plain.s, dst(), "bad", short_side); }), EBADMSG);
+    EXPECT_EQ(diff(before, manifest(base / "dst", ManifestOptions().no_dir_mtime())), "");
+}
+
 TEST_P(ArchiveTest, ExistingDirectoryIsMergedInto) {
     make_tree(base / "src/d", false);
     mkdir_p(base / "dst/out/d/sub");

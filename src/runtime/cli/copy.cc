@@ -22,6 +22,9 @@ using client::ClientError;
 
 namespace {
 
+// Files from this size on move outside the tar stream, copied in the kernel.
+constexpr uint64_t kSideFileMin = 4u << 20;
+
 // The last component of a path, ignoring trailing slashes ("" for "/").
 std::string base_name(const std::string& path) {
     size_t end = path.find_last_not_of('/');
@@ -138,10 +141,25 @@ int upload(Client& c, const CopyArgs& args, const std::string& sandbox, const st
         options.name = base_name(dst);
         req.set_path(dir_name(dst));
     }
+    // A large file skips the stream: the sandbox reads it from the fd we pass and copies it
+    // in the kernel. Not for a file others may write: that fd would let the sandbox reopen
+    // it for writing through /proc/self/fd.
+    std::vector<int> side_files;
+    UniqueFd side;
+    if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) >= kSideFileMin &&
+        !(st.st_mode & S_IWOTH)) {
+        side.reset(::open(src.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY));
+        struct stat fst;
+        if (side && ::fstat(side.get(), &fst) == 0 && S_ISREG(fst.st_mode) &&
+            !(fst.st_mode & S_IWOTH)) {
+            side_files.push_back(side.get());
+            options.side_data_passed = true;
+        }
+    }
     const transfer::Root host = transfer::Root::open("/");
     transfer::Summary sent;
-    v1::CopyReply reply =
-        c.copy_in(req, [&](int fd) { sent = transfer::write_archive(host, src, fd, options); });
+    v1::CopyReply reply = c.copy_in(
+        req, [&](int fd) { sent = transfer::write_archive(host, src, fd, options); }, side_files);
     print_warnings(sent);
     print_warnings(reply);
     return 0;
@@ -192,10 +210,32 @@ int download(Client& c, const CopyArgs& args, const std::string& sandbox, const 
     // Files belong to the caller; with -a, root keeps the sandbox's numbers.
     if (args.archive && ::geteuid() == 0)
         options.owners = transfer::ExtractOptions::Owners::from_archive;
+    // A large file skips the stream: the sandbox copies it in the kernel into an anonymous
+    // file we make where it will land, which becomes the file once its header arrives.
+    std::vector<int> side_files;
+    UniqueFd prefilled;
+    if (source.type() == v1::PathStat::REGULAR && source.size() >= kSideFileMin) {
+        prefilled.reset(::open(into.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+        if (prefilled) {  // else (no such dir yet, no O_TMPFILE there): through the stream
+            side_files.push_back(prefilled.get());
+            options.prefilled = prefilled.get();
+            req.set_side_file(true);
+        }
+    }
     const transfer::Root host = transfer::Root::open("/");
     transfer::Summary received;
-    v1::CopyReply reply = c.copy_out(
-        req, [&](int fd) { received = transfer::extract_archive(fd, host, into, options); });
+    v1::CopyReply reply;
+    try {
+        reply = c.copy_out(
+            req, [&](int fd) { received = transfer::extract_archive(fd, host, into, options); },
+            side_files);
+    } catch (const ClientError& e) {
+        // With a side file the sandbox wrote into our file: running out of space there is
+        // the host destination's problem, and the message must name it.
+        if (prefilled && e.code == v1::RESOURCE_EXHAUSTED)
+            throw ClientError(e.code, "writing " + args.destination + ": " + e.what());
+        throw;
+    }
     print_warnings(reply);
     print_warnings(received);
     return 0;

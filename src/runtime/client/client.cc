@@ -119,16 +119,18 @@ v1::ExecExit Client::exec(v1::Exec request, const ExecCallbacks& callbacks, int 
     }
 }
 
-v1::CopyReply Client::copy_in(v1::CopyIn request, const std::function<void(int)>& produce) {
+v1::CopyReply Client::copy_in(v1::CopyIn request, const std::function<void(int)>& produce,
+                              const std::vector<int>& side_files) {
     v1::ClientMessage msg;
     *msg.mutable_copy_in() = std::move(request);
-    return copy(std::move(msg), true, produce);
+    return copy(std::move(msg), true, produce, side_files);
 }
 
-v1::CopyReply Client::copy_out(v1::CopyOut request, const std::function<void(int)>& consume) {
+v1::CopyReply Client::copy_out(v1::CopyOut request, const std::function<void(int)>& consume,
+                               const std::vector<int>& side_files) {
     v1::ClientMessage msg;
     *msg.mutable_copy_out() = std::move(request);
-    return copy(std::move(msg), false, consume);
+    return copy(std::move(msg), false, consume, side_files);
 }
 
 v1::CopyReply Client::copy_in_from_pipe(v1::CopyIn request, int pipe_read_end) {
@@ -144,7 +146,8 @@ v1::CopyReply Client::copy_out_to_pipe(v1::CopyOut request, int pipe_write_end) 
 }
 
 v1::CopyReply Client::copy(v1::ClientMessage request, bool upload,
-                           const std::function<void(int)>& stream) {
+                           const std::function<void(int)>& stream,
+                           const std::vector<int>& side_files) {
     int ends[2];
     if (::pipe2(ends, O_CLOEXEC) != 0)
         throw ClientError(v1::RESOURCE_EXHAUSTED, std::string("pipe2: ") + std::strerror(errno));
@@ -155,7 +158,9 @@ v1::CopyReply Client::copy(v1::ClientMessage request, bool upload,
     UniqueFd theirs = upload ? std::move(read_end) : std::move(write_end);
 
     request.set_id(next_id());
-    send(request, {theirs.get()});
+    std::vector<int> fds{theirs.get()};
+    fds.insert(fds.end(), side_files.begin(), side_files.end());
+    send(request, fds);
     // The sandbox has its end now; ours must not keep the stream open after it is done.
     theirs.reset();
 

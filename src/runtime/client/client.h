@@ -37,8 +37,11 @@ class Client {
     // The first failure is reported: an exception of produce/consume is rethrown as it is,
     // unless it is only EPIPE/EIO from the sandbox side stopping, whose error (ClientError)
     // is then thrown.
-    v1::CopyReply copy_in(v1::CopyIn request, const std::function<void(int fd)>& produce);
-    v1::CopyReply copy_out(v1::CopyOut request, const std::function<void(int fd)>& consume);
+    // `side_files` go with the request after the pipe (see CopyIn/CopyOut).
+    v1::CopyReply copy_in(v1::CopyIn request, const std::function<void(int fd)>& produce,
+                          const std::vector<int>& side_files = {});
+    v1::CopyReply copy_out(v1::CopyOut request, const std::function<void(int fd)>& consume,
+                           const std::vector<int>& side_files = {});
     // The same with a ready pipe end (the CLI's `-` when stdin/stdout is a pipe): the
     // stream flows between that pipe and the sandbox without passing through this process.
     v1::CopyReply copy_in_from_pipe(v1::CopyIn request, int pipe_read_end);
@@ -59,7 +62,8 @@ class Client {
     uint64_t next_id() { return ++last_id_; }
     void send(const v1::ClientMessage& msg, const std::vector<int>& fds = {});
     v1::CopyReply copy(v1::ClientMessage request, bool upload,
-                       const std::function<void(int fd)>& stream);
+                       const std::function<void(int fd)>& stream,
+                       const std::vector<int>& side_files);
     v1::ServerMessage receive();
 
     UniqueFd fd_;

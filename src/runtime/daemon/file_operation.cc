@@ -31,21 +31,42 @@ const char* request_name(v1::ClientMessage::BodyCase kind) {
     }
 }
 
-// Exactly one fd, a pipe, open in the direction the operation needs. Anything else (a
-// directory, a regular file, a socket) must not reach the sandbox: an fd is a capability,
-// and inside the sandbox it could lead back to the host.
-std::string check_stream_fd(const std::vector<UniqueFd>& fds, int want_access) {
-    const char* end = want_access == O_RDONLY ? "read" : "write";
-    if (fds.size() != 1) {
-        return "expected exactly one fd (the " + std::string(end) +
-               " end of a pipe) with the request, got " + std::to_string(fds.size());
+// The fds a copy may bring. First the stream: a pipe end in the direction the operation
+// needs. Then, optionally, side files for a large file's data outside the stream: for an
+// upload, regular files open read-only; for a download, one anonymous (O_TMPFILE, no
+// name), empty, writable regular file. Anything else (a directory, a named file open for
+// writing, a socket) must not reach the sandbox: an fd is a capability, and inside the
+// sandbox it could lead back to the host.
+constexpr size_t kMaxSideFiles = 4;
+
+std::string check_copy_fds(const std::vector<UniqueFd>& fds, bool upload) {
+    const char* end = upload ? "read" : "write";
+    if (fds.empty()) {
+        return "expected a pipe's " + std::string(end) +
+               " end with the request (SCM_RIGHTS), got no fd";
     }
     struct stat st;
     if (::fstat(fds[0].get(), &st) != 0 || !S_ISFIFO(st.st_mode))
-        return "the fd passed with the request is not a pipe";
-    const int flags = ::fcntl(fds[0].get(), F_GETFL);
-    if (flags < 0 || (flags & O_ACCMODE) != want_access)
-        return "the fd passed with the request is not the " + std::string(end) + " end of a pipe";
+        return "the first fd passed with the request is not a pipe";
+    int flags = ::fcntl(fds[0].get(), F_GETFL);
+    if (flags < 0 || (flags & O_ACCMODE) != (upload ? O_RDONLY : O_WRONLY))
+        return "the first fd passed with the request is not the " + std::string(end) +
+               " end of a pipe";
+    const size_t side = fds.size() - 1;
+    if (side > (upload ? kMaxSideFiles : 1)) {
+        return "too many fds with the request: " + std::to_string(fds.size()) + " (at most " +
+               std::to_string(upload ? kMaxSideFiles + 1 : 2) + ")";
+    }
+    for (size_t i = 1; i < fds.size(); ++i) {
+        flags = ::fcntl(fds[i].get(), F_GETFL);
+        if (::fstat(fds[i].get(), &st) != 0 || !S_ISREG(st.st_mode) || flags < 0 ||
+            (flags & O_PATH))
+            return "side fd " + std::to_string(i) + " is not an open regular file";
+        if (upload && (flags & O_ACCMODE) != O_RDONLY)
+            return "side fd " + std::to_string(i) + " of an upload must be open read-only";
+        if (!upload && ((flags & O_ACCMODE) == O_RDONLY || st.st_nlink != 0 || st.st_size != 0))
+            return "the side fd of a download must be an empty, writable O_TMPFILE";
+    }
     return "";
 }
 
@@ -132,7 +153,7 @@ void FileOperation::start(const v1::ClientMessage& request, std::vector<UniqueFd
         default:
             error = "not a file operation";
     }
-    if (error.empty() && stream_access >= 0) error = check_stream_fd(fds, stream_access);
+    if (error.empty() && stream_access >= 0) error = check_copy_fds(fds, stream_access == O_RDONLY);
     if (error.empty() && stream_access < 0 && !fds.empty())
         error = std::string(request_name(kind_)) + " takes no fds";
     if (!error.empty()) {
@@ -147,14 +168,14 @@ void FileOperation::start(const v1::ClientMessage& request, std::vector<UniqueFd
     }
     try {
         std::vector<int> pass;
-        if (!fds.empty()) pass.push_back(fds[0].get());
+        for (const auto& fd : fds) pass.push_back(fd.get());
         wire::write_frame(connection.fd.get(), to, pass);
     } catch (const std::exception& e) {
         finish_with_error(v1::UNAVAILABLE, "sandbox " + sandbox_id_ +
                                                ": sending the request to its init: " + e.what());
         return;
     }
-    // The worker holds the pipe now; the client holds the other end.
+    // The worker holds the pipe (and side files) now; the client holds the other end.
     fds.clear();
     init_ = std::make_shared<FramedSocket>(
         UnixSocket(io_, asio::local::stream_protocol(), connection.fd.release()),

@@ -134,6 +134,7 @@ v1::init::FileResult perform(int connection, const v1::init::FileOp& op,
             options.owner = owner_for(req.user());
             if (req.preserve_owners())
                 options.owners = transfer::ExtractOptions::Owners::from_archive;
+            for (size_t i = 1; i < fds.size(); ++i) options.side_data.push_back(fds[i].get());
             copy_summary(transfer::extract_archive(fds.at(0).get(), root, req.path(), options),
                          result.mutable_copy());
             break;
@@ -144,6 +145,7 @@ v1::init::FileResult perform(int connection, const v1::init::FileOp& op,
             options.name = req.name();
             options.contents_only = req.contents_only();
             options.cancel_fd = connection;
+            if (req.side_file() && fds.size() > 1) options.side_data_out = fds[1].get();
             copy_summary(transfer::write_archive(root, req.path(), fds.at(0).get(), options),
                          result.mutable_copy());
             break;
