@@ -89,6 +89,7 @@ struct Temp {
     int dirfd = -1;
     UniqueFd fd;
     std::string name;
+    mode_t created_mode = static_cast<mode_t>(-1);  // as created (umask applied); -1: unknown
     Temp() = default;
     Temp(const Temp&) = delete;
     Temp& operator=(const Temp&) = delete;
@@ -128,7 +129,11 @@ class Extractor {
     std::pair<int, std::string> parent_of(const Entry& e);
     Ownership owner_for(const Entry& e) const;
     std::string temp_name();
-    void make_temp(Temp& t, int dirfd, const std::string& where);
+    void make_temp(Temp& t, int dirfd, const std::string& where, mode_t mode = 0600);
+    // Whether a file we create in the directory `parent_rel` (below dest; "" = dest) is
+    // owned by `owner` already: it is who we are, and the directory does not hand down
+    // its group (setgid).
+    bool owned_already(const Ownership& owner, int dirfd, const std::string& parent_rel);
     // Moves the finished temp to `base`; records it as created when nothing was there.
     void commit_temp(Temp& t, int dirfd, const std::string& base, const Entry& e);
     void replace_via_temp(int dirfd, const std::string& base, const Entry& e,
@@ -157,6 +162,9 @@ class Extractor {
     UniqueFd cache_fd_;
     bool tmpfile_ok_ = true;
     bool prefilled_used_ = false;
+    mode_t umask_ = 022;
+    std::optional<std::string> setgid_rel_;  // the directory setgid_ was read for
+    bool setgid_ = false;
     std::mt19937_64 rng_;
     Summary summary_;
 };
@@ -178,6 +186,8 @@ void Extractor::setup() {
     internal::make_dirs_tracked(root_, dest_display_, options_.parent_mode, options_.owner,
                                 &created_parents_);
     dest_ = root_.open_at(dest_display_, O_PATH | O_DIRECTORY);
+    umask_ = ::umask(0);
+    ::umask(umask_);
     // O_TMPFILE files are linked in through /proc/self/fd; without a procfs there, use
     // named temporaries.
     struct statfs fs;
@@ -572,10 +582,11 @@ std::string Extractor::temp_name() {
     return name;
 }
 
-void Extractor::make_temp(Temp& t, int dirfd, const std::string& where) {
+void Extractor::make_temp(Temp& t, int dirfd, const std::string& where, mode_t mode) {
     t.dirfd = dirfd;
+    t.created_mode = mode & ~umask_;
     if (tmpfile_ok_) {
-        int fd = ::openat(dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+        int fd = ::openat(dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, mode);
         if (fd >= 0) {
             t.fd.reset(fd);
             return;
@@ -587,7 +598,7 @@ void Extractor::make_temp(Temp& t, int dirfd, const std::string& where) {
     for (int tries = 0;; ++tries) {
         std::string name = temp_name();
         int fd = ::openat(dirfd, name.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC,
-                          0600);
+                          mode);
         if (fd >= 0) {
             t.fd.reset(fd);
             t.name = std::move(name);
@@ -678,6 +689,21 @@ void Extractor::read_sparse_map(Entry& e, uint64_t* map_bytes) {
     *map_bytes = consumed;
 }
 
+bool Extractor::owned_already(const Ownership& owner, int dirfd, const std::string& parent_rel) {
+    if (!owner.uid && !owner.gid) return true;  // nothing asked
+    if (owner.uid && *owner.uid != ::geteuid()) return false;
+    if (owner.gid && *owner.gid != ::getegid()) return false;
+    if (!owner.gid) return true;
+    // Our directories are 0700 until the end; others are as they were: read once each.
+    if (!setgid_rel_ || *setgid_rel_ != parent_rel) {
+        struct stat st;
+        if (::fstat(dirfd, &st) != 0) return false;
+        setgid_ = st.st_mode & S_ISGID;
+        setgid_rel_ = parent_rel;
+    }
+    return !setgid_;
+}
+
 // The file of a side entry: the caller's prefilled O_TMPFILE (adopted: it is linked in
 // like our own temporaries), or a temporary filled from the passed file in the kernel.
 void Extractor::side_data(const Entry& e, Temp& t, int dirfd) {
@@ -714,7 +740,9 @@ void Extractor::extract_file(Entry& e) {
     if (e.side_file) {
         side_data(e, t, dirfd);
     } else {
-        make_temp(t, dirfd, e.where);
+        // Created with its final permission bits when it has no setuid/setgid/sticky (those
+        // must follow the chown): the fchmod can then often be skipped.
+        make_temp(t, dirfd, e.where, (e.mode & 07000) ? 0600 : (e.mode & 0777));
     }
     if (e.side_file) {
         // The data is in place already.
@@ -755,8 +783,18 @@ void Extractor::extract_file(Entry& e) {
         read_and_peek(in_.scratch(), tar::padding(e.size), e.where);
         summary_.bytes += e.realsize;
     }
-    internal::apply_owner(t.fd.get(), owner_for(e), e.where);
-    if (::fchmod(t.fd.get(), e.mode & 07777) != 0) throw_sys("fchmod", e.where);
+    const Ownership owner = owner_for(e);
+    const size_t slash = e.rel.rfind('/');
+    const std::string parent_rel = slash == std::string::npos ? "" : e.rel.substr(0, slash);
+    bool chowned = false;
+    if (!owned_already(owner, dirfd, parent_rel)) {
+        internal::apply_owner(t.fd.get(), owner, e.where);
+        chowned = owner.uid || owner.gid;
+    }
+    // (A chown clears setuid/setgid; files with those were created 0600 and get them here.)
+    if (t.created_mode != (e.mode & 07777) || (chowned && (e.mode & 06000))) {
+        if (::fchmod(t.fd.get(), e.mode & 07777) != 0) throw_sys("fchmod", e.where);
+    }
     timespec ts[2] = {{0, UTIME_OMIT}, to_timespec(e.mtime_ns)};
     if (::futimens(t.fd.get(), ts) != 0) throw_sys("utimensat", e.where);
     commit_temp(t, dirfd, base, e);

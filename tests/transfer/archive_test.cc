@@ -257,6 +257,28 @@ TEST_P(ArchiveTest, SideFilesCarryALargeFileOutsideTheStream) {
     EXPECT_EQ(diff(before, manifest(base / "dst", ManifestOptions().no_dir_mtime())), "");
 }
 
+// Files are created with their final bits and owner where that is already right; a setgid
+// directory that hands down its group must not fool that, nor a mode with special bits.
+TEST_P(ArchiveTest, OwnerAndModeAreExactWhateverTheDirectoryHandsDown) {
+    mkdir_p(base / "dst/sg");
+    ASSERT_EQ(::chown((base / "dst/sg").c_str(), 0, 1234), 0);
+    ASSERT_EQ(::chmod((base / "dst/sg").c_str(), 02775), 0);
+    StreamBuilder b;
+    b.file("plain", "p", 0640).file("suid", "s", 04755).file("ro", "r", 0444).end();
+    ExtractOptions eo;
+    eo.owner = {0, 0};
+    const mode_t old = ::umask(027);
+    extract_string(b.s, dst(), "sg", eo);
+    ::umask(old);
+    for (auto [name, mode] : {std::pair{"plain", 0640}, {"suid", 04755}, {"ro", 0444}}) {
+        struct stat st;
+        ASSERT_EQ(::stat((base / "dst/sg/" + name).c_str(), &st), 0) << name;
+        EXPECT_EQ(st.st_mode & 07777, static_cast<mode_t>(mode)) << name;
+        EXPECT_EQ(st.st_uid, 0u) << name;
+        EXPECT_EQ(st.st_gid, 0u) << name << ": the setgid directory's group leaked through";
+    }
+}
+
 TEST_P(ArchiveTest, ExistingDirectoryIsMergedInto) {
     make_tree(base / "src/d", false);
     mkdir_p(base / "dst/out/d/sub");
