@@ -21,23 +21,8 @@ namespace berth::transfer {
 namespace {
 
 using internal::join;
-
-int64_t mtime_ns(const struct stat& st) {
-    return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
-
-std::string read_link(int dirfd, const char* name, std::string_view subject) {
-    std::string buf(256, '\0');
-    for (;;) {
-        ssize_t n = ::readlinkat(dirfd, name, buf.data(), buf.size());
-        if (n < 0) throw_sys("readlink", subject);
-        if (static_cast<size_t>(n) < buf.size()) {
-            buf.resize(static_cast<size_t>(n));
-            return buf;
-        }
-        buf.resize(buf.size() * 2);
-    }
-}
+using internal::mtime_ns;
+using internal::read_link;
 
 class Writer {
   public:

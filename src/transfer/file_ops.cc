@@ -159,10 +159,6 @@ void for_each_dir_entry(int dir_fd, std::string_view display,
     }
 }
 
-}  // namespace internal
-
-namespace {
-
 std::string read_link(int dirfd, const char* name, std::string_view subject) {
     std::string buf(256, '\0');
     for (;;) {
@@ -175,6 +171,14 @@ std::string read_link(int dirfd, const char* name, std::string_view subject) {
         buf.resize(buf.size() * 2);
     }
 }
+
+int64_t mtime_ns(const struct stat& st) {
+    return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+}  // namespace internal
+
+namespace {
 
 bool is_mount_root(int dirfd, const struct stat& parent_st, const struct stat& st) {
     struct statx stx;
@@ -238,8 +242,9 @@ EntryStat stat_path(const Root& root, std::string_view path, bool follow) {
     out.size = static_cast<uint64_t>(st.st_size);
     out.uid = st.st_uid;
     out.gid = st.st_gid;
-    out.mtime_ns = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    if (out.type == EntryStat::Type::symlink) out.link_target = read_link(fd.get(), "", path);
+    out.mtime_ns = internal::mtime_ns(st);
+    if (out.type == EntryStat::Type::symlink)
+        out.link_target = internal::read_link(fd.get(), "", path);
     return out;
 }
 

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -37,6 +38,12 @@ void apply_owner(int fd, const Ownership& owner, std::string_view subject);
 // readdir order; the fd's own offset is left alone (it reads through a duplicate).
 void for_each_dir_entry(int dir_fd, std::string_view display,
                         const std::function<void(const char* name, unsigned char type)>& f);
+
+// readlinkat, any length; errors are SysError("readlink", subject).
+std::string read_link(int dirfd, const char* name, std::string_view subject);
+
+// st_mtim in nanoseconds since the epoch.
+int64_t mtime_ns(const struct stat& st);
 
 // "a" + "b" = "a/b"; "." + "b" = "b"; "" + "b" = "b".
 std::string join(std::string_view a, std::string_view b);

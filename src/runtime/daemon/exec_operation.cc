@@ -29,6 +29,7 @@ ExecOperation::ExecOperation(asio::io_context& io, std::shared_ptr<Session> sess
       request_id_(request_id),
       sandbox_id_(sandbox.info.id()),
       init_socket_(sandbox.init_socket),
+      workdir_(sandbox.info.workdir()),
       cgroup_(sandbox.cgroup.get()),
       dev_null_(dev_null),
       timer_(io) {}
@@ -73,7 +74,7 @@ void ExecOperation::start(const v1::Exec& request) {
     auto* sp = spawn.mutable_spawn();
     *sp->mutable_argv() = request.argv();
     *sp->mutable_env() = request.env();
-    sp->set_cwd(request.cwd());
+    sp->set_cwd(in_workdir(workdir_, request.cwd()));
     sp->set_user(request.user());
     try {
         wire::write_frame(conn.get(), spawn,

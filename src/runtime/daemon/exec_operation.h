@@ -43,6 +43,7 @@ class ExecOperation : public std::enable_shared_from_this<ExecOperation> {
     uint64_t request_id_;
     std::string sandbox_id_;
     std::string init_socket_;
+    std::string workdir_;  // relative cwds start here
     cgroup::Cgroup* cgroup_;
     int dev_null_;
     std::shared_ptr<FramedSocket> init_;

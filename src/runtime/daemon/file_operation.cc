@@ -81,7 +81,7 @@ std::string sandbox_path(const std::string& path, const std::string& workdir, st
         *error = "path contains a NUL byte";
         return "";
     }
-    std::string full = path[0] == '/' ? path : (workdir.empty() ? "/" : workdir) + "/" + path;
+    std::string full = in_workdir(workdir, path);
     if (full.size() >= PATH_MAX) {
         *error = "path is too long (" + std::to_string(full.size()) + " bytes; the limit is " +
                  std::to_string(PATH_MAX - 1) + "): " + full.substr(0, 64) + "...";

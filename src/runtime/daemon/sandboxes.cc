@@ -12,6 +12,12 @@
 
 namespace berth::daemon {
 
+std::string in_workdir(const std::string& workdir, const std::string& path) {
+    if (!path.empty() && path[0] == '/') return path;
+    const std::string base = workdir.empty() ? "/" : workdir;
+    return path.empty() ? base : base + "/" + path;
+}
+
 SandboxRegistry::SandboxRegistry(std::string runtime_dir, cgroup::Driver* driver)
     : runtime_dir_(std::move(runtime_dir)), driver_(driver) {
     make_dirs(runtime_dir_ + "/meta", 0700);

@@ -26,6 +26,10 @@ struct Sandbox {
     bool deleting = false;
 };
 
+// `path` in a sandbox made absolute against its `workdir` ("/" when empty): where relative
+// exec cwds and file-transfer paths start. An empty path is the workdir itself.
+std::string in_workdir(const std::string& workdir, const std::string& path);
+
 class SandboxRegistry {
   public:
     SandboxRegistry(std::string runtime_dir, cgroup::Driver* driver);

@@ -377,16 +377,9 @@ void Server::handle_exec(const std::shared_ptr<Session>& session, uint64_t id,
                             "request id " + std::to_string(id) + " is in use");
         return;
     }
-    // Relative cwds start at the sandbox's workdir, as file-transfer paths do.
-    v1::Exec exec = req;
-    const std::string workdir = sandbox->info.workdir().empty() ? "/" : sandbox->info.workdir();
-    if (exec.cwd().empty())
-        exec.set_cwd(workdir);
-    else if (exec.cwd()[0] != '/')
-        exec.set_cwd(workdir + "/" + exec.cwd());
     auto op = std::make_shared<ExecOperation>(io_, session, id, *sandbox, dev_null_);
     session->execs[id] = op;
-    op->start(exec);
+    op->start(req);
 }
 
 void Server::handle_file_op(const std::shared_ptr<Session>& session, const v1::ClientMessage& msg,
