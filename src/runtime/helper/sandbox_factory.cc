@@ -31,6 +31,9 @@ namespace {
 constexpr uint32_t kInvalidArgument = 1, kNotFound = 2, kAlreadyExists = 8, kInternal = 7,
                    kUnavailable = 6;
 
+// The janitor's trash directories, in the order the factory gives them.
+constexpr size_t kRunTrash = 0, kStateTrash = 1;
+
 bool valid_hostname(const std::string& name) {
     if (name.empty() || name.size() > 63) return false;
     return std::all_of(name.begin(), name.end(), [](char c) {
@@ -139,11 +142,12 @@ void kill_and_wait(int pidfd, const std::string& id) {
         throw HelperError(kUnavailable, "init of sandbox " + id + " did not exit within 10 s");
 }
 
-// Step timings of a create, printed to stderr when BERTH_HELPER_TRACE is set: where the
-// milliseconds of a create go, on the host at hand.
+// Step timings of a create or delete, printed to stderr when BERTH_HELPER_TRACE is set: where the
+// milliseconds go, on the host at hand.
 class StepTimer {
   public:
-    StepTimer() : enabled_(std::getenv("BERTH_HELPER_TRACE") != nullptr) {}
+    explicit StepTimer(const char* what)
+        : enabled_(std::getenv("BERTH_HELPER_TRACE") != nullptr), what_(what) {}
     void mark(const char* step) {
         if (!enabled_) return;
         auto now = std::chrono::steady_clock::now();
@@ -154,11 +158,12 @@ class StepTimer {
         last_ = now;
     }
     ~StepTimer() {
-        if (enabled_) std::fprintf(stderr, "berth-helper: create%s\n", line_.c_str());
+        if (enabled_) std::fprintf(stderr, "berth-helper: %s%s\n", what_, line_.c_str());
     }
 
   private:
     bool enabled_;
+    const char* what_;
     std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
     std::string line_;
 };
@@ -184,6 +189,7 @@ bool valid_sandbox_id(const std::string& id) {
 
 SandboxFactory::SandboxFactory(Config config)
     : config_(std::move(config)),
+      janitor_({config_.runtime_dir + "/trash", config_.state_dir + "/trash"}),
       driver_(cgroup::detect(config_.cgroup_parent)),
       template_userns_(ns::make_userns_fd(config_.mapping)),
       seccomp_(ns::SeccompProgram::default_profile()) {
@@ -248,7 +254,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         }
     } undo{this, run, state, live.get(), &committed};
 
-    StepTimer timer;
+    StepTimer timer("create");
     make_dirs(run + "/rootfs", 0755);
     make_dirs(state, 0700);
     const std::string upper = state + "/upper", work = state + "/work";
@@ -399,13 +405,18 @@ void SandboxFactory::destroy(const std::string& id) {
         }
         live->cgroup = driver_->open(id);
     }
+    StepTimer timer("delete");
     if (live->pidfd) kill_and_wait(live->pidfd.get(), id);
+    timer.mark("kill");
     if (live->cgroup) {
         live->cgroup->kill();
         live->cgroup->remove();
     }
-    remove_tree(run);
-    remove_tree(state);
+    timer.mark("cgroup");
+    // Out of sight now (a restarting daemon finds no trace to reattach), off the disk soon.
+    janitor_.discard(run, kRunTrash, id);
+    janitor_.discard(state, kStateTrash, id);
+    timer.mark("discard");
 }
 
 }  // namespace berth::helper

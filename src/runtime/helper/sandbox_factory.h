@@ -14,6 +14,7 @@
 #include "helper.pb.h"
 #include "ns/idmap.h"
 #include "ns/security.h"
+#include "runtime/helper/janitor.h"
 
 namespace berth::helper {
 
@@ -39,7 +40,8 @@ class SandboxFactory {
     ~SandboxFactory();
 
     v1::helper::Created create(const v1::helper::Create& request);
-    // Kills every process of the sandbox and removes its cgroup, layers and state.
+    // Kills every process of the sandbox and removes its cgroup; its layers and state are
+    // moved out of the way and removed in the background (Janitor).
     // A sandbox this helper did not create (a previous helper did) is found by its state file.
     void destroy(const std::string& id);
 
@@ -54,6 +56,7 @@ class SandboxFactory {
     std::string sandbox_state_dir(const std::string& id) const;
 
     Config config_;
+    Janitor janitor_;  // first: forked while the helper is small
     std::unique_ptr<cgroup::Driver> driver_;
     UniqueFd template_userns_;
     ns::SeccompProgram seccomp_;
