@@ -100,16 +100,20 @@ void report(int fd, const std::string& text) {
         ::signal(SIGCHLD, SIG_DFL);  // the helper ignores it; init must not
         ::signal(SIGPIPE, SIG_DFL);
         close_all_except({0, 1, 2, plan.go, plan.ready, plan.control, plan.overlay});
-        char byte;
-        if (::read(plan.go, &byte, 1) != 1 || byte != 'g') ::_exit(1);  // the helper gave up
         set_title("berth-init");
-        // Our id maps are written now: become root of the new user namespace.
-        check_sys("setresgid", "0", [] { return ::setresgid(0, 0, 0); });
-        check_sys("setresuid", "0", [] { return ::setresuid(0, 0, 0); });
-        check_sys("setgroups", "[]", [] { return ::setgroups(0, nullptr); });
+        // What needs our capabilities over the new namespaces but creates nothing that a
+        // user owns is done while the helper writes our id maps: we hold those capabilities
+        // since clone (our ids are the host's, unmapped, until then).
         check_sys("sethostname", plan.hostname,
                   [&] { return ::sethostname(plan.hostname.data(), plan.hostname.size()); });
         ns::bring_up_loopback();
+        char byte;
+        if (::read(plan.go, &byte, 1) != 1 || byte != 'g') ::_exit(1);  // the helper gave up
+        // Our id maps are written now: become root of the new user namespace, before making
+        // anything (mounts, files) that records who made it.
+        check_sys("setresgid", "0", [] { return ::setresgid(0, 0, 0); });
+        check_sys("setresuid", "0", [] { return ::setresuid(0, 0, 0); });
+        check_sys("setgroups", "[]", [] { return ::setgroups(0, nullptr); });
         ns::enter_rootfs(plan.overlay, plan.mountpoint);
         ::close(plan.overlay);
         int null = check_sys("open", "/dev/null", [] { return ::open("/dev/null", O_RDWR); });
@@ -311,23 +315,40 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     overlay.reset();
 
     timer.mark("clone");
-    ns::write_id_maps(pid, config_.mapping);
-    // The OOM killer picks by process size, and memory a command puts in tmpfs belongs to no
-    // process: it could pick init (taking the whole sandbox) over the command. Shield init
-    // where we may (lowering a score needs CAP_SYS_RESOURCE, which some hosts' root lacks);
-    // commands also raise their own score (exec_shim.cc), which needs no privilege.
     try {
-        write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-999");
-    } catch (const SysError& e) {
-        if (e.code() != EACCES && e.code() != EPERM) throw;
+        ns::write_id_maps(pid, config_.mapping);
+        // The OOM killer picks by process size, and memory a command puts in tmpfs belongs to
+        // no process: it could pick init (taking the whole sandbox) over the command. Shield
+        // init where we may (lowering a score needs CAP_SYS_RESOURCE, which some hosts' root
+        // lacks: then we stop trying, our capabilities do not change); commands also raise
+        // their own score (command.cc), which needs no privilege.
+        if (!oom_adjust_refused_) {
+            try {
+                write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-999");
+            } catch (const SysError& e) {
+                if (e.code() != EACCES && e.code() != EPERM) throw;
+                oom_adjust_refused_ = true;
+            }
+        }
+        timer.mark("idmap");
+        // The child builds its root filesystem while we attach it to its cgroup (on v1 the
+        // first cgroup.procs write waits for an RCU grace period: 0.2-2 ms).
+        check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "g", 1); });
+        if (live->cgroup->clone_into_fd() < 0) live->cgroup->attach(pid);
+        timer.mark("attach");
+        check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "a", 1); });
+    } catch (const std::exception&) {
+        // The child may have given up first (it sets up its hostname and network without
+        // waiting for us): then its own report says why, not our EPIPE or ENOENT.
+        pollfd pfd{ready_read.get(), POLLIN, 0};
+        char said[1024];
+        ssize_t n = ::poll(&pfd, 1, 0) == 1 ? ::read(ready_read.get(), said, sizeof said) : 0;
+        if (n > 0 && std::string_view(said, static_cast<size_t>(n)) != "ok") {
+            throw HelperError(kInternal, "setting up sandbox " + id + " failed: " +
+                                             std::string(said, static_cast<size_t>(n)));
+        }
+        throw;
     }
-    timer.mark("idmap");
-    // The child builds its root filesystem while we attach it to its cgroup (on v1 the
-    // first cgroup.procs write waits for an RCU grace period: 0.2-2 ms).
-    check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "g", 1); });
-    if (live->cgroup->clone_into_fd() < 0) live->cgroup->attach(pid);
-    timer.mark("attach");
-    check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "a", 1); });
 
     char buf[1024];
     std::string answer;

@@ -62,6 +62,7 @@ class SandboxFactory {
     ns::SeccompProgram seccomp_;
     std::map<std::string, std::unique_ptr<Live>> live_;
     std::function<void()> deferred_;
+    bool oom_adjust_refused_ = false;  // this host's root may not lower oom_score_adj
 };
 
 // The helper's argv memory: each sandbox's init overwrites its copy so that /proc/1/cmdline
