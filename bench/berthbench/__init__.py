@@ -1,0 +1,1 @@
+"""bench/run-compare's parts: berth and its peers measured in one run (see bench/README.md)."""
