@@ -68,23 +68,40 @@ void run(client::Client& c, const std::string& id, const std::vector<std::string
     }
 }
 
+// Where a trial's time went: connect, create, the execs, copy in, copy out, delete.
+struct Phases {
+    std::vector<double> ms;
+    Clock::time_point last = Clock::now();
+    void mark() {
+        ms.push_back(ms_since(last));
+        last = Clock::now();
+    }
+};
+const char* const kPhaseNames[] = {"connect", "create", "execs", "copy_in", "copy_out", "delete"};
+
 // One trial, as a Harbor-style runner does it. `out` is a fresh host directory.
-void trial(const Config& cfg, const std::string& out) {
+void trial(const Config& cfg, const std::string& out, Phases& phases) {
     client::Client c(cfg.socket);
+    phases.mark();
     const std::string id = create(c, cfg);
+    phases.mark();
     for (int i = 0; i < cfg.execs_per_trial; ++i) run(c, id, {"true"});
+    phases.mark();
     const transfer::Root host = transfer::Root::open("/");
     v1::CopyIn in;
     in.set_sandbox(id);
     in.set_path("/root");
     transfer::WriteOptions wopt;
     c.copy_in(in, [&](int fd) { transfer::write_archive(host, cfg.copy_file, fd, wopt); });
+    phases.mark();
     v1::CopyOut o;
     o.set_sandbox(id);
     o.set_path("/etc");
     transfer::ExtractOptions xopt;
     c.copy_out(o, [&](int fd) { transfer::extract_archive(fd, host, out, xopt); });
+    phases.mark();
     remove(c, id);
+    phases.mark();
 }
 
 }  // namespace
@@ -110,7 +127,8 @@ int main(int argc, char** argv) {
 
     nlohmann::json result{{"samples_ms", nlohmann::json::array()},
                           {"failures", 0},
-                          {"errors", nlohmann::json::array()}};
+                          {"errors", nlohmann::json::array()},
+                          {"phases_ms", nlohmann::json::object()}};
     std::mutex mu;
     auto fail = [&](const std::string& what) {
         std::lock_guard lock(mu);
@@ -138,12 +156,14 @@ int main(int argc, char** argv) {
                 for (int k = 0; k < parallel; ++k) {
                     outs.push_back(cfg.out_dir + "/" + std::to_string(i) + "." + std::to_string(k));
                 }
+                std::vector<Phases> phases(parallel);
                 auto t = Clock::now();
                 std::vector<std::jthread> threads;
                 for (int k = 0; k < parallel; ++k) {
                     threads.emplace_back([&, k] {
                         try {
-                            trial(cfg, outs[k]);
+                            phases[k].last = Clock::now();
+                            trial(cfg, outs[k], phases[k]);
                         } catch (const std::exception& e) {
                             fail(e.what());
                         }
@@ -151,6 +171,11 @@ int main(int argc, char** argv) {
                 }
                 threads.clear();  // joins
                 ms = ms_since(t);
+                if (i >= warmup && parallel == 1 && phases[0].ms.size() == std::size(kPhaseNames)) {
+                    for (size_t p = 0; p < phases[0].ms.size(); ++p) {
+                        result["phases_ms"][kPhaseNames[p]].push_back(phases[0].ms[p]);
+                    }
+                }
                 for (const auto& o : outs) {
                     if (!std::filesystem::exists(o + "/etc/passwd")) fail(o + ": /etc not copied");
                     std::filesystem::remove_all(o);

@@ -14,8 +14,8 @@ from pathlib import Path
 from . import peers as peer_mod
 from . import report, workloads
 from .data import make_data, tree_stats
-from .util import (MNT_DETACH, MiB, children, log, run, umount, unmount_all_under,
-                   unshare_mounts)
+from .util import (MNT_DETACH, MiB, children, log, rss_kib, run, umount,
+                   unmount_all_under, unshare_mounts)
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("BERTH_BENCH_CACHE", "/var/cache/berth-bench"))
@@ -46,6 +46,7 @@ class Context:
         self.berth_state = work / "berth-state"
         self.trial_file = work / "trial-1MiB.bin"
         self.berthd = None
+        self.berthd_fresh_rss_kib = {}
 
     def berth_daemon_pids(self):
         if not self.berthd or self.berthd.poll() is not None:
@@ -147,6 +148,9 @@ def start_berthd(ctx):
     log_file.close()
     for _ in range(400):
         if ctx.berth_socket.exists():
+            time.sleep(0.2)  # past its start-up
+            ctx.berthd_fresh_rss_kib = {name: rss_kib(pid) for name, pid in
+                                        ctx.berth_daemon_pids()}
             return
         if ctx.berthd.poll() is not None:
             break
@@ -273,6 +277,7 @@ def main(argv=None):
                                                         ctx.trial_file, scratch, parallel=n)
         if "memory" not in skip:
             results["memory"] = workloads.memory(live, mode["memory"])
+        results["berthd_fresh_rss_kib"] = ctx.berthd_fresh_rss_kib
     finally:
         for p in reversed(live):
             try:

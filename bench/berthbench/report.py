@@ -55,6 +55,12 @@ def workload_table(name, res, peers):
         for b in berths:
             cells.append("" if peer in BERTH else ratio(median(res, b), median(res, peer)))
         lines.append("| " + " | ".join(cells) + " |")
+    for peer, r in res.items():
+        if r.get("phases"):
+            parts = ", ".join(f"{k.replace('_', ' ')} {v['median_ms']:.1f}"
+                              for k, v in r["phases"].items() if v)
+            lines += ["", f"{peers.get(peer, {}).get('label', peer)}, where a trial's time "
+                      f"goes (medians, ms): {parts}."]
     errors = [f"- {peer}: {e}" for peer, r in res.items() for e in r.get("errors", [])[:2]]
     if errors:
         lines += ["", "Failures (first ones):", *errors]
@@ -112,10 +118,14 @@ def markdown(results):
         out.append(f"| {k.replace('_', ' ')} ≤ 0.6× bwrap, 0 failures | " +
                    " | ".join(cells) + " |")
     mem = results.get("memory", {}).get("berth")
-    if mem:
-        idle = mem["daemon_rss_idle_kib"].get("berthd", 0) / 1024
-        out.append(f"| berthd idle RSS ≤ 10 MiB | {idle:.1f} MiB "
-                   f"{'met' if idle <= 10 else 'MISSED'} | (same daemon) |")
+    fresh = results.get("berthd_fresh_rss_kib", {}).get("berthd")
+    if mem or fresh:
+        # Idle twice: just started, and idle again after every other workload of the run.
+        idle = [x / 1024 for x in (fresh, mem and mem["daemon_rss_idle_kib"].get("berthd"))
+                if x]
+        out.append("| berthd idle RSS ≤ 10 MiB (fresh; after the run's workloads) | " +
+                   "; ".join(f"{x:.1f} MiB" for x in idle) +
+                   f" {'met' if max(idle) <= 10 else 'MISSED'} | (same daemon) |")
 
     for name, res in w.items():
         title = TITLES.get(name) or name.replace("_", " ").capitalize()

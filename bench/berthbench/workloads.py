@@ -19,6 +19,7 @@ class Tally:
 
     def __init__(self):
         self.samples, self.failures, self.errors = [], 0, []
+        self.phases = {}  # where a sample's time went, when the runtime says (client_bench)
 
     def fail(self, what):
         self.failures += 1
@@ -33,12 +34,17 @@ class Tally:
             self.fail(e if str(e) else traceback.format_exc())
 
     def result(self):
-        return {"summary": summary(self.samples), "samples_ms": self.samples,
-                "failures": self.failures, "errors": self.errors}
+        r = {"summary": summary(self.samples), "samples_ms": self.samples,
+             "failures": self.failures, "errors": self.errors}
+        if self.phases:
+            r["phases"] = {k: summary(v) for k, v in self.phases.items()}
+        return r
 
 
 def _batch_into(tally, out):
     tally.samples += out["samples_ms"]
+    for phase, samples in out.get("phases_ms", {}).items():
+        tally.phases.setdefault(phase, []).extend(samples)
     for e in out["errors"]:
         tally.fail(e)
     tally.failures += out["failures"] - len(out["errors"])
@@ -68,17 +74,24 @@ def exec_round_trip(peers, rounds, per_round):
     """exec of `true` and of `sh -c 'echo hi'` (its output checked) into a running
     container."""
     results = {}
-    handles = {}
-    for p in peers:
-        if not getattr(p, "batch_only", False):
-            handles[p.name] = p.start()
-            p.exec(handles[p.name], ["true"])  # warm
+    handles, broken = {}, {}
     try:
+        for p in peers:
+            if not getattr(p, "batch_only", False):
+                try:
+                    handles[p.name] = p.start()
+                    p.exec(handles[p.name], ["true"])  # warm
+                except Exception as e:  # noqa: BLE001 - that peer's rows show it
+                    broken[p.name] = e
         for key, (argv, expect) in COMMANDS.items():
             tallies = {p.name: Tally() for p in peers}
+            for name, e in broken.items():
+                tallies[name].fail(f"could not start a container: {e}")
             for r in range(rounds):
                 log(f"exec {key}: round {r + 1}/{rounds}")
                 for p in peers:
+                    if p.name in broken:
+                        continue
                     t = tallies[p.name]
                     if getattr(p, "batch_only", False):
                         extra = ["--expect", expect.decode()] if expect else []
@@ -110,7 +123,11 @@ def copies(peers, iterations, tree: Path, big: Path, scratch: Path):
     for i in range(iterations):
         log(f"copies: round {i + 1}/{iterations}")
         for p in peers:
-            h = p.start()
+            try:
+                h = p.start()
+            except Exception as e:  # noqa: BLE001
+                tallies["tree_in"][p.name].fail(f"could not start a container: {e}")
+                continue
             out = scratch / f"{p.name}-{i}"
             try:
                 for step, fn, args in (
@@ -205,6 +222,15 @@ def settle():
     time.sleep(1)
 
 
+def steady_mem_available_kib():
+    """The median of a few readings (the kernel's own background work moves it)."""
+    readings = []
+    for _ in range(5):
+        readings.append(mem_available_kib())
+        time.sleep(0.2)
+    return sorted(readings)[len(readings) // 2]
+
+
 def memory(peers, count):
     """`count` idle containers per peer, each having run `true` once: host memory and disk
     per container, and the peer's daemon RSS before and with them."""
@@ -214,7 +240,7 @@ def memory(peers, count):
             continue
         log(f"memory: {count} {p.name} containers")
         settle()
-        before = mem_available_kib()
+        before = steady_mem_available_kib()
         disk_before = du_bytes(*p.disk_paths())
         rss_idle = {name: rss_kib(pid) for name, pid in p.daemon_pids()}
         handles, failures, errors = [], 0, []
@@ -227,7 +253,7 @@ def memory(peers, count):
                 failures += 1
                 errors.append(str(e)[-300:])
         settle()
-        after = mem_available_kib()
+        after = steady_mem_available_kib()
         disk_after = du_bytes(*p.disk_paths())
         rss_loaded = {name: rss_kib(pid) for name, pid in p.daemon_pids()}
         alive = max(1, len(handles))

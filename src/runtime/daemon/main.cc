@@ -2,6 +2,7 @@
 // to the service user for good before it reads a single client byte.
 #include <fcntl.h>
 #include <grp.h>
+#include <malloc.h>
 #include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -64,6 +65,13 @@ void drop_privileges(uid_t uid, gid_t gid) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    // A long-lived daemon that idles most of the time: frames and copy buffers of a busy
+    // spell must go back to the kernel when it ends. A fixed mmap threshold turns off
+    // glibc's dynamic one (which, after the first large free, would serve large blocks
+    // from the heap and keep them: 6 -> 10 MiB RSS after one big copy), and the heap top
+    // is trimmed past 256 KiB free.
+    ::mallopt(M_MMAP_THRESHOLD, 128 * 1024);
+    ::mallopt(M_TRIM_THRESHOLD, 256 * 1024);
     CLI::App app{"berthd: the berth daemon"};
     std::string runtime_dir = env_or("BERTH_RUNTIME_DIR", "/run/berth");
     std::string state_dir = env_or("BERTH_STATE_DIR", "/var/lib/berth");
