@@ -29,7 +29,18 @@ void FramedSocket::notify_closed() {
     // Once: a read error and the close() that follows it must not both report it.
     if (closed_notified_) return;
     closed_notified_ = true;
-    handler_(Event::closed, {});
+    if (handler_) handler_(Event::closed, {});
+    release_handler();
+}
+
+void FramedSocket::release_handler() {
+    // The handler's owner usually holds this socket while the handler holds its owner (an
+    // exec, a session): a cycle that would keep both, with their buffers, for ever once the
+    // connection is over. The handler may be running now (it called close()): it is
+    // destroyed from a task of its own, after it has returned.
+    if (handler_released_) return;
+    handler_released_ = true;
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->handler_ = nullptr; });
 }
 
 void FramedSocket::wait_readable() {
@@ -88,7 +99,7 @@ bool FramedSocket::deliver_frames() {
         const uint32_t length =
             wire::decode_length(reinterpret_cast<const unsigned char*>(in_.data() + pos));
         if (length > max_frame_) {
-            handler_(Event::too_large, std::to_string(length));
+            if (handler_) handler_(Event::too_large, std::to_string(length));
             go_on = false;
             break;
         }
@@ -105,7 +116,7 @@ bool FramedSocket::deliver_frames() {
         }
         std::string body = in_.substr(pos + 4, length);
         pos += 4 + length;
-        handler_(Event::frame, std::move(body));
+        if (handler_) handler_(Event::frame, std::move(body));
         frame_fds_.clear();
         if (!socket_.is_open() || closing_) {
             go_on = false;
@@ -173,6 +184,7 @@ void FramedSocket::close() {
     queue_.clear();
     queued_bytes_ = 0;
     notify_drained();
+    release_handler();
 }
 
 }  // namespace berth::daemon

@@ -49,6 +49,7 @@ class FramedSocket : public std::enable_shared_from_this<FramedSocket> {
     void write_next();
     void notify_drained();
     void notify_closed();
+    void release_handler();
 
     UnixSocket socket_;
     uint32_t max_frame_;
@@ -70,6 +71,7 @@ class FramedSocket : public std::enable_shared_from_this<FramedSocket> {
     bool writing_ = false;
     bool closing_ = false;
     bool closed_notified_ = false;
+    bool handler_released_ = false;
     std::vector<std::function<void()>> drain_waiters_;
 };
 
