@@ -294,7 +294,18 @@ class Crun(OciRuntime):
     needs = ("crun",)
 
 
-class Podman(Peer):
+class CpCommand:
+    """copy_in/copy_out through the runtime's own `cp` (podman, docker, berth)."""
+
+    def copy_in(self, h, src, dest):
+        run([*self.cli, "cp", src, f"{h}:{dest}"])
+
+    def copy_out(self, h, path, dest):
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        run([*self.cli, "cp", f"{h}:{path}", dest])
+
+
+class Podman(CpCommand, Peer):
     """podman with the cgroupfs manager, its store under the work dir, no network."""
     name, label = "podman", "podman"
     needs = ("podman",)
@@ -330,13 +341,6 @@ class Podman(Peer):
 
     def exec(self, h, argv):
         return run([*self.cli, "exec", h, *argv])
-
-    def copy_in(self, h, src, dest):
-        run([*self.cli, "cp", src, f"{h}:{dest}"])
-
-    def copy_out(self, h, path, dest):
-        Path(dest).mkdir(parents=True, exist_ok=True)
-        run([*self.cli, "cp", f"{h}:{path}", dest])
 
     def stop(self, h):
         run([*self.cli, "rm", "--force", "--time", "0", h])
@@ -416,7 +420,7 @@ class Docker(Podman):
         run([*self.cli, "rm", "--force", h])
 
 
-class BerthCli(Peer):
+class BerthCli(CpCommand, Peer):
     """berth from its CLI, one process per step (against the harness's own berthd)."""
     name, label = "berth", "berth (CLI)"
 
@@ -441,13 +445,6 @@ class BerthCli(Peer):
 
     def exec(self, h, argv):
         return run([*self.cli, "exec", h, "--", *argv])
-
-    def copy_in(self, h, src, dest):
-        run([*self.cli, "cp", src, f"{h}:{dest}"])
-
-    def copy_out(self, h, path, dest):
-        Path(dest).mkdir(parents=True, exist_ok=True)
-        run([*self.cli, "cp", f"{h}:{path}", dest])
 
     def stop(self, h):
         run([*self.cli, "rm", "--force", h])

@@ -41,6 +41,18 @@ class Tally:
         return r
 
 
+def batch_only(p):
+    """berth's C++ client runs whole batches itself (bench/client_bench)."""
+    return getattr(p, "batch_only", False)
+
+
+def run_batch(tally, p, workload, n, *extra, **kw):
+    try:
+        _batch_into(tally, p.batch(workload, n, *extra, **kw))
+    except Exception as e:  # noqa: BLE001
+        tally.fail(e)
+
+
 def _batch_into(tally, out):
     tally.samples += out["samples_ms"]
     for phase, samples in out.get("phases_ms", {}).items():
@@ -56,11 +68,8 @@ def cold(peers, rounds, per_round):
         log(f"cold: round {r + 1}/{rounds}")
         for p in peers:
             t = tallies[p.name]
-            if getattr(p, "batch_only", False):
-                try:
-                    _batch_into(t, p.batch("cold", per_round))
-                except Exception as e:  # noqa: BLE001
-                    t.fail(e)
+            if batch_only(p):
+                run_batch(t, p, "cold", per_round)
                 continue
             for _ in range(per_round):
                 t.attempt(p.cold)
@@ -77,7 +86,7 @@ def exec_round_trip(peers, rounds, per_round):
     handles, broken = {}, {}
     try:
         for p in peers:
-            if not getattr(p, "batch_only", False):
+            if not batch_only(p):
                 try:
                     handles[p.name] = p.start()
                     p.exec(handles[p.name], ["true"])  # warm
@@ -93,12 +102,9 @@ def exec_round_trip(peers, rounds, per_round):
                     if p.name in broken:
                         continue
                     t = tallies[p.name]
-                    if getattr(p, "batch_only", False):
+                    if batch_only(p):
                         extra = ["--expect", expect.decode()] if expect else []
-                        try:
-                            _batch_into(t, p.batch("exec", per_round, *extra, "--", *argv))
-                        except Exception as e:  # noqa: BLE001
-                            t.fail(e)
+                        run_batch(t, p, "exec", per_round, *extra, "--", *argv)
                         continue
                     for _ in range(per_round):
                         def step():
@@ -118,7 +124,7 @@ def copies(peers, iterations, tree: Path, big: Path, scratch: Path):
     """Into a fresh container: the tree, then the big file; then both out again. Page cache
     warm, dirty data synced and free memory primed before each timed step."""
     steps = ("tree_in", "big_in", "tree_out", "big_out")
-    peers = [p for p in peers if not getattr(p, "batch_only", False)]  # same path as the CLI
+    peers = [p for p in peers if not batch_only(p)]  # the same copy path as the CLI
     tallies = {s: {p.name: Tally() for p in peers} for s in steps}
     for i in range(iterations):
         log(f"copies: round {i + 1}/{iterations}")
@@ -185,11 +191,8 @@ def trials(peers, rounds, per_round, file: Path, scratch: Path, parallel=1):
         log(f"trial x{parallel}: round {r + 1}/{rounds}")
         for p in peers:
             t = tallies[p.name]
-            if getattr(p, "batch_only", False):
-                try:
-                    _batch_into(t, p.batch("trial", per_round, parallel=parallel))
-                except Exception as e:  # noqa: BLE001
-                    t.fail(e)
+            if batch_only(p):
+                run_batch(t, p, "trial", per_round, parallel=parallel)
                 continue
             for k in range(per_round):
                 outs = [scratch / f"{p.name}-{r}-{k}-{j}" for j in range(parallel)]
@@ -236,7 +239,7 @@ def memory(peers, count):
     per container, and the peer's daemon RSS before and with them."""
     results = {}
     for p in peers:
-        if getattr(p, "batch_only", False) or p.name == "host":
+        if batch_only(p) or p.name == "host":
             continue
         log(f"memory: {count} {p.name} containers")
         settle()
