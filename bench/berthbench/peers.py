@@ -131,7 +131,9 @@ class Floor(OverlayPeer):
 
     def start(self):
         ov = self.overlay(self.new_name())
-        p = subprocess.Popen(["unshare", *self.NS, "--mount-proc", "--root", ov.merged, *IDLE],
+        # --kill-child: the container's PID 1 (unshare's child) dies with unshare.
+        p = subprocess.Popen(["unshare", *self.NS, "--kill-child", "--mount-proc", "--root",
+                              ov.merged, *IDLE],
                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
         # unshare --fork: the container's PID 1 is unshare's child.
@@ -162,7 +164,8 @@ class Floor(OverlayPeer):
              ["tar", "-x", "-C", dest, "-f", "-"])
 
     def stop(self, h):
-        ov, p, _ = h
+        ov, p, pid1 = h
+        os.kill(pid1, signal.SIGKILL)  # the namespace's init: the kernel kills the rest
         p.kill()
         p.wait()
         ov.remove()
