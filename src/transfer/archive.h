@@ -64,6 +64,18 @@ Summary write_archive(const Root& root, std::string_view path, int out,
 struct ExtractOptions {
     // Ownership of what is created. from_archive = the uid/gid recorded in each entry.
     enum class Owners { fixed, from_archive } owners = Owners::fixed;
+    // An image layer (rootfs-tools), recreated in overlayfs's on-disk form: an entry
+    // ".wh.NAME" becomes a 0/0 character device NAME (a whiteout), ".wh..wh..opq" sets
+    // `opaque_xattr` to "y" on its directory; pax SCHILY.xattr.* records are applied
+    // (user.* and security.*; others, and any overlay xattr, skipped with a warning);
+    // device nodes and fifos are made when `devices` (else skipped with a warning); and
+    // owners (with Owners::from_archive) are shifted by `id_shift`.
+    struct Layer {
+        bool enabled = false;
+        uint32_t id_shift = 0;
+        std::string opaque_xattr = "trusted.overlay.opaque";
+        bool devices = true;
+    } layer;
     Ownership owner;  // for Owners::fixed; nullopt fields = leave as the process creates
     // Created parent directories of `dest` (mkdir -p) get this mode and `owner`.
     mode_t parent_mode = 0755;

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/vfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,6 +54,7 @@ struct PendingMeta {
     std::optional<uint64_t> size, realsize, sparse_major, side_file, side_size;
     std::optional<int64_t> uid, gid, mtime_ns;
     std::vector<uint64_t> sparse_pairs;  // GNU sparse 0.0: offset, numbytes, ...
+    std::vector<std::pair<std::string, std::string>> xattrs;  // SCHILY.xattr.NAME = value
 };
 
 struct Entry {
@@ -69,6 +72,8 @@ struct Entry {
     uint64_t realsize = 0;
     std::vector<tar::SparseSegment> segments;  // v0: from the pax header
     uint64_t side_file = 0, side_size = 0;     // data outside the stream (BERTH.side_file)
+    uint32_t devmajor = 0, devminor = 0;
+    std::vector<std::pair<std::string, std::string>> xattrs;
 };
 
 struct Created {
@@ -128,6 +133,9 @@ class Extractor {
     int create_parents(const std::string& rel, const std::string& where);
     std::pair<int, std::string> parent_of(const Entry& e);
     Ownership owner_for(const Entry& e) const;
+    bool layer_entry(Entry& e);
+    void extract_node(Entry& e);
+    void apply_xattrs(int fd, const Entry& e);
     std::string temp_name();
     void make_temp(Temp& t, int dirfd, const std::string& where, mode_t mode = 0600);
     // Whether a file we create in the directory `parent_rel` (below dest; "" = dest) is
@@ -252,6 +260,11 @@ void Extractor::apply_pax(std::string_view data, std::string_view subject) {
             if (*n > UINT32_MAX - 1) bad("pax header (bad " + std::string(k) + ")", subject);
             out = static_cast<int64_t>(*n);
         };
+        if (k.substr(0, 13) == "SCHILY.xattr.") {
+            if (meta_.xattrs.size() >= 128) bad("pax header (too many xattrs)", subject);
+            meta_.xattrs.emplace_back(std::string(k.substr(13)), std::string(v));
+            continue;
+        }
         if (v.empty()) continue;  // an empty value unsets; we have nothing global to unset to
         if (k == "path") {
             meta_.path = std::string(v);
@@ -376,6 +389,9 @@ void Extractor::entry(const tar::Header& h) {
     e.gid = meta_.gid ? *meta_.gid : h.gid;
     e.size = meta_.size ? *meta_.size : static_cast<uint64_t>(h.size);
     e.mtime_ns = meta_.mtime_ns ? *meta_.mtime_ns : h.mtime * 1000000000;
+    e.devmajor = h.devmajor;
+    e.devminor = h.devminor;
+    e.xattrs = std::move(meta_.xattrs);
     normalize(e);
 
     bool regular = e.type == '0' || e.type == '\0' || e.type == '7';
@@ -416,6 +432,7 @@ void Extractor::entry(const tar::Header& h) {
         e.realsize = *meta_.realsize;
     }
 
+    if (options_.layer.enabled && layer_entry(e)) return;
     switch (e.type) {
         case '0':
         case '\0':
@@ -433,6 +450,7 @@ void Extractor::entry(const tar::Header& h) {
         case '3':
         case '4':
         case '6':
+            if (options_.layer.enabled && options_.layer.devices) return extract_node(e);
             summary_.warnings.push_back(e.where + ": " + (e.type == '6' ? "fifo" : "device") +
                                         " skipped");
             return consume(e.size, e.where);
@@ -502,10 +520,98 @@ std::pair<int, std::string> Extractor::parent_of(const Entry& e) {
 
 Ownership Extractor::owner_for(const Entry& e) const {
     if (options_.owners == ExtractOptions::Owners::fixed) return options_.owner;
+    const int64_t shift = options_.layer.enabled ? options_.layer.id_shift : 0;
+    if (e.uid + shift > UINT32_MAX - 1 || e.gid + shift > UINT32_MAX - 1)
+        bad("entry owner (beyond the id range)", e.where, EINVAL);
     Ownership o;
-    o.uid = static_cast<uid_t>(e.uid);
-    o.gid = static_cast<gid_t>(e.gid);
+    o.uid = static_cast<uid_t>(e.uid + shift);
+    o.gid = static_cast<gid_t>(e.gid + shift);
     return o;
+}
+
+// ---- image layers ----
+
+// Whiteouts and opaque markers; true when `e` was one (and is done).
+bool Extractor::layer_entry(Entry& e) {
+    const size_t slash = e.rel.rfind('/');
+    const std::string base = slash == std::string::npos ? e.rel : e.rel.substr(slash + 1);
+    if (base.rfind(".wh.", 0) != 0) return false;
+    consume(e.size, e.where);
+    const std::string parent = slash == std::string::npos ? "" : e.rel.substr(0, slash);
+    if (base == ".wh..wh..opq") {
+        if (!parent.empty()) dir_fd(parent, e.where);  // made when missing
+        const std::string where =
+            parent.empty() ? dest_display_ : internal::join(dest_display_, parent);
+        UniqueFd dir = internal::open_beneath(dest_.get(), parent, O_RDONLY | O_DIRECTORY,
+                                              root_.resolver(), where);
+        const std::string& name = options_.layer.opaque_xattr;
+        if (::fsetxattr(dir.get(), name.c_str(), "y", 1, 0) != 0)
+            throw_sys("setxattr " + name, where);
+        ++summary_.entries;
+        return true;
+    }
+    const std::string target = base.substr(4);
+    if (target.empty() || target == "." || target == ".." || target.rfind(".wh.", 0) == 0)
+        bad("whiteout entry name", e.where, EINVAL);
+    Entry hidden = e;
+    hidden.rel = parent.empty() ? target : parent + "/" + target;
+    hidden.where = internal::join(dest_display_, hidden.rel);
+    auto [dirfd, name] = parent_of(hidden);
+    struct stat st;
+    if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        // This layer made the entry and now hides it: only the whiteout stays.
+        if (S_ISDIR(st.st_mode))
+            bad("whiteout (of a directory of the same layer)", hidden.where, EISDIR);
+        if (::unlinkat(dirfd, name.c_str(), 0) != 0) throw_sys("unlink", hidden.where);
+        files_.erase(hidden.rel);
+    }
+    if (::mknodat(dirfd, name.c_str(), S_IFCHR | 0, makedev(0, 0)) != 0)
+        throw_sys("mknod (whiteout)", hidden.where);
+    created_.push_back({false, hidden.rel});
+    Ownership o = owner_for(e);
+    if ((o.uid || o.gid) &&
+        ::fchownat(dirfd, name.c_str(), o.uid ? *o.uid : static_cast<uid_t>(-1),
+                   o.gid ? *o.gid : static_cast<gid_t>(-1), AT_SYMLINK_NOFOLLOW) != 0)
+        throw_sys("lchown", hidden.where);
+    ++summary_.entries;
+    return true;
+}
+
+void Extractor::extract_node(Entry& e) {
+    consume(e.size, e.where);
+    if (e.rel.empty()) bad("entry name (a device as the destination)", e.name, EINVAL);
+    auto [dirfd, base] = parent_of(e);
+    const mode_t type = e.type == '3' ? S_IFCHR : e.type == '4' ? S_IFBLK : S_IFIFO;
+    if (::mknodat(dirfd, base.c_str(), type | (e.mode & 0777), makedev(e.devmajor, e.devminor)) !=
+        0) {
+        if (errno == EPERM || errno == EACCES) {
+            summary_.warnings.push_back(e.where + ": " + (e.type == '6' ? "fifo" : "device") +
+                                        " skipped (" + std::strerror(errno) + ")");
+            return;
+        }
+        throw_sys("mknod", e.where);
+    }
+    created_.push_back({false, e.rel});
+    Ownership o = owner_for(e);
+    if (::fchownat(dirfd, base.c_str(), o.uid ? *o.uid : static_cast<uid_t>(-1),
+                   o.gid ? *o.gid : static_cast<gid_t>(-1), AT_SYMLINK_NOFOLLOW) != 0)
+        throw_sys("lchown", e.where);
+    ++summary_.entries;
+}
+
+// The entry's xattrs on `fd` (after its chown, which clears security.capability).
+void Extractor::apply_xattrs(int fd, const Entry& e) {
+    if (!options_.layer.enabled) return;
+    for (const auto& [name, value] : e.xattrs) {
+        const bool allowed = (name.rfind("user.", 0) == 0 || name.rfind("security.", 0) == 0) &&
+                             name.find(".overlay.") == std::string::npos;
+        if (!allowed) {
+            summary_.warnings.push_back(e.where + ": xattr " + name + " skipped");
+            continue;
+        }
+        if (::fsetxattr(fd, name.c_str(), value.data(), value.size(), 0) != 0)
+            throw_sys("setxattr " + name, e.where);
+    }
 }
 
 void Extractor::extract_dir(Entry& e) {
@@ -522,6 +628,11 @@ void Extractor::extract_dir(Entry& e) {
                 throw_sys("stat", e.where);
             if (!S_ISDIR(st.st_mode)) throw_sys("mkdir", e.where, ENOTDIR);
         }
+    }
+    if (!e.xattrs.empty() && options_.layer.enabled) {
+        UniqueFd dir = internal::open_beneath(dest_.get(), e.rel, O_RDONLY | O_DIRECTORY,
+                                              root_.resolver(), e.where);
+        apply_xattrs(dir.get(), e);
     }
     dirs_.push_back({e.rel, e.mode, e.mtime_ns, owner_for(e)});
 }
@@ -795,6 +906,7 @@ void Extractor::extract_file(Entry& e) {
     if (t.created_mode != (e.mode & 07777) || (chowned && (e.mode & 06000))) {
         if (::fchmod(t.fd.get(), e.mode & 07777) != 0) throw_sys("fchmod", e.where);
     }
+    apply_xattrs(t.fd.get(), e);
     timespec ts[2] = {{0, UTIME_OMIT}, to_timespec(e.mtime_ns)};
     if (::futimens(t.fd.get(), ts) != 0) throw_sys("utimensat", e.where);
     commit_temp(t, dirfd, base, e);

@@ -20,6 +20,7 @@ constexpr size_t kType = 156;
 constexpr size_t kLinkname = 157, kLinknameLen = 100;
 constexpr size_t kMagic = 257;
 constexpr size_t kVersion = 263;
+constexpr size_t kDevMajor = 329, kDevMinor = 337, kDevLen = 8;
 constexpr size_t kPrefix = 345, kPrefixLen = 155;
 
 void put_string(char* block, size_t off, size_t len, std::string_view s) {
@@ -189,6 +190,17 @@ DecodeResult decode_header(const char* block, Header* out) {
     out->gid = gid;
     out->size = size;
     out->mtime = mtime;
+    // Device numbers: only character and block devices use them (other entries may hold
+    // anything there, even non-octal bytes from old writers).
+    if (out->type == '3' || out->type == '4') {
+        int64_t major, minor;
+        if (!parse_number(block + kDevMajor, kDevLen, &major) ||
+            !parse_number(block + kDevMinor, kDevLen, &minor) || major < 0 || minor < 0 ||
+            major > 0xfffff || minor > 0xfffff)
+            return DecodeResult::bad_number;
+        out->devmajor = static_cast<uint32_t>(major);
+        out->devminor = static_cast<uint32_t>(minor);
+    }
     return DecodeResult::ok;
 }
 

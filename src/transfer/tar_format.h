@@ -66,6 +66,7 @@ struct Header {
     int64_t gid = 0;
     int64_t size = 0;
     int64_t mtime = 0;
+    uint32_t devmajor = 0, devminor = 0;  // types '3' and '4'
 };
 
 enum class DecodeResult { ok, bad_checksum, bad_number };

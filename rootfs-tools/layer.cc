@@ -1,0 +1,90 @@
+#include "rootfs-tools/layer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <exception>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "base/error.h"
+#include "base/unique_fd.h"
+#include "rootfs-tools/decompress.h"
+#include "transfer/archive.h"
+#include "transfer/root.h"
+
+namespace berth::images {
+
+UnpackResult unpack_layer(int blob_fd, Compression compression, const std::string& dest,
+                          const UnpackOptions& options) {
+    namespace fs = std::filesystem;
+    const fs::path final_path(dest);
+    if (fs::exists(fs::symlink_status(final_path))) throw_sys("unpack layer", dest, EEXIST);
+    const fs::path parent = final_path.parent_path();
+    const std::string temp_name = "." + final_path.filename().string() + ".unpacking-" +
+                                  std::to_string(std::random_device{}());
+    const std::string temp = (parent / temp_name).string();
+    if (::mkdir(temp.c_str(), 0700) != 0) throw_sys("mkdir", temp);
+    struct Cleanup {
+        std::string path;
+        bool keep = false;
+        ~Cleanup() {
+            if (!keep) {
+                std::error_code ec;
+                fs::remove_all(path, ec);
+            }
+        }
+    } cleanup{temp};
+
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC) != 0) throw_sys("pipe2", dest);
+    UniqueFd read_end(ends[0]), write_end(ends[1]);
+    transfer::enlarge_pipe(read_end.get());
+
+    DecompressResult decompressed;
+    std::exception_ptr decompress_error;
+    std::thread producer([&, out = std::move(write_end)]() mutable {
+        try {
+            decompressed = decompress(blob_fd, compression, out.get(), dest);
+        } catch (...) {
+            decompress_error = std::current_exception();
+        }
+        out.reset();  // the extractor sees the end (or EOF mid-entry: truncated)
+    });
+
+    transfer::ExtractOptions x;
+    x.owners = transfer::ExtractOptions::Owners::from_archive;
+    x.layer.enabled = true;
+    x.layer.id_shift = options.id_shift;
+    x.layer.devices = !options.rootless;
+    x.layer.opaque_xattr = options.rootless ? "user.overlay.opaque" : "trusted.overlay.opaque";
+    transfer::Summary summary;
+    std::exception_ptr extract_error;
+    try {
+        const transfer::Root root = transfer::Root::open(parent.string());
+        summary = transfer::extract_archive(read_end.get(), root, temp_name, x);
+    } catch (...) {
+        extract_error = std::current_exception();
+    }
+    read_end.reset();  // a producer still writing gets EPIPE and stops
+    producer.join();
+    // The decompressor's error explains the extractor's (a stream cut short) when both.
+    if (decompress_error) std::rethrow_exception(decompress_error);
+    if (extract_error) std::rethrow_exception(extract_error);
+    if (options.diff_id && decompressed.uncompressed_digest != *options.diff_id) {
+        throw ManifestError(dest + ": the layer's tar hashes to " +
+                            decompressed.uncompressed_digest.str() + ", its config says " +
+                            options.diff_id->str());
+    }
+    // The temporary directory itself got the tar's "." mode (or 0700): a lower layer's
+    // root is the sandbox's /, readable by all.
+    if (::chmod(temp.c_str(), 0755) != 0) throw_sys("chmod", temp);
+    if (::rename(temp.c_str(), dest.c_str()) != 0) throw_sys("rename", dest);
+    cleanup.keep = true;
+    return {decompressed.uncompressed_digest, summary.entries, summary.bytes,
+            std::move(summary.warnings)};
+}
+
+}  // namespace berth::images

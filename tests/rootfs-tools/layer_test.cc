@@ -1,0 +1,151 @@
+// Layers unpacked into overlayfs's on-disk form, then mounted as the lower layers of a real
+// overlay: what a sandbox would see must be exactly the image's files. Needs root (mknod,
+// trusted.* xattrs, chown, mount).
+#include "rootfs-tools/layer.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "base/error.h"
+#include "base/unique_fd.h"
+#include "rootfs-tools/decompress.h"
+
+namespace fs = std::filesystem;
+using namespace berth;
+using namespace berth::images;
+
+namespace {
+
+constexpr uint32_t kShift = 200000;
+
+class LayerTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (::geteuid() != 0) GTEST_SKIP() << "needs root (mknod, trusted xattrs, mount)";
+        char tmpl[] = "/var/tmp/berth-layer-test.XXXXXX";
+        ASSERT_NE(::mkdtemp(tmpl), nullptr);
+        dir_ = tmpl;
+        const std::string cmd =
+            "/usr/bin/python3 " + std::string(SOURCE_DIR) + "/make_layers.py " + dir_;
+        ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    void TearDown() override {
+        if (mounted_) ::umount2(mounted_->c_str(), MNT_DETACH);
+        if (!dir_.empty()) fs::remove_all(dir_);
+    }
+
+    UnpackResult unpack(const std::string& blob, Compression c, const std::string& dest,
+                        std::optional<Digest> diff_id = {}) {
+        UniqueFd fd(::open((dir_ + "/" + blob).c_str(), O_RDONLY | O_CLOEXEC));
+        if (!fd) throw_sys("open", blob);
+        UnpackOptions o;
+        o.id_shift = kShift;
+        o.diff_id = diff_id;
+        return unpack_layer(fd.get(), c, dir_ + "/" + dest, o);
+    }
+    std::string read(const std::string& path) {
+        std::ifstream in(path, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    struct stat lstat_of(const std::string& path) {
+        struct stat st {};
+        EXPECT_EQ(::lstat(path.c_str(), &st), 0) << path;
+        return st;
+    }
+    std::string xattr(const std::string& path, const char* name) {
+        char buf[256];
+        ssize_t n = ::lgetxattr(path.c_str(), name, buf, sizeof buf);
+        return n < 0 ? std::string("<none>") : std::string(buf, static_cast<size_t>(n));
+    }
+
+    std::string dir_;
+    std::optional<std::string> mounted_;
+};
+
+}  // namespace
+
+TEST_F(LayerTest, UnpacksIntoOverlayFormAndMountsToTheImage) {
+    const UnpackResult r1 = unpack("layer1.tar.gz", Compression::gzip, "l1");
+    const std::string l1 = dir_ + "/l1";
+    EXPECT_EQ(r1.diff_id, sha256_of(read(dir_ + "/layer1.tar")));
+    // Owners shifted into the sandboxes' range; setuid kept; hardlink kept.
+    struct stat tool = lstat_of(l1 + "/usr/bin/tool");
+    EXPECT_EQ(tool.st_uid, kShift);
+    EXPECT_EQ(tool.st_mode & 07777, 04755u);
+    EXPECT_EQ(lstat_of(l1 + "/usr/bin/tool2").st_ino, tool.st_ino);
+    EXPECT_EQ(lstat_of(l1 + "/home/user/file").st_uid, kShift + 1000);
+    EXPECT_EQ(lstat_of(l1).st_uid, kShift);
+    EXPECT_EQ(lstat_of(l1).st_mode & 07777, 0755u);
+    EXPECT_EQ(fs::read_symlink(l1 + "/lnk"), "/etc/a");
+    // xattrs: user.* applied, an overlay one refused (it would steer overlayfs).
+    EXPECT_EQ(xattr(l1 + "/etc/xattr", "user.test"), "hello");
+    EXPECT_EQ(xattr(l1 + "/etc/xattr", "trusted.overlay.redirect"), "<none>");
+    EXPECT_NE(std::find_if(r1.warnings.begin(), r1.warnings.end(),
+                           [](const std::string& w) {
+                               return w.find("trusted.overlay.redirect") != std::string::npos;
+                           }),
+              r1.warnings.end());
+    struct stat null = lstat_of(l1 + "/dev/null");
+    EXPECT_TRUE(S_ISCHR(null.st_mode));
+    EXPECT_EQ(null.st_rdev, makedev(1, 3));
+    EXPECT_TRUE(S_ISFIFO(lstat_of(l1 + "/dev/fifo").st_mode));
+    EXPECT_EQ(read(l1 + "/data/" + std::string(150, 'n')), "long name\n");
+
+    const UnpackResult r2 =
+        unpack("layer2.tar.zst", Compression::zstd, "l2", sha256_of(read(dir_ + "/layer2.tar")));
+    const std::string l2 = dir_ + "/l2";
+    struct stat wh = lstat_of(l2 + "/etc/b");
+    EXPECT_TRUE(S_ISCHR(wh.st_mode) && wh.st_rdev == makedev(0, 0)) << "etc/b is no whiteout";
+    EXPECT_EQ(xattr(l2 + "/data", "trusted.overlay.opaque"), "y");
+
+    // What a sandbox sees.
+    const std::string merged = dir_ + "/merged";
+    fs::create_directory(merged);
+    const std::string opts = "lowerdir=" + l2 + ":" + l1;
+    ASSERT_EQ(::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, opts.c_str()), 0)
+        << std::strerror(errno);
+    mounted_ = merged;
+    EXPECT_EQ(read(merged + "/etc/a"), "a2\n");
+    EXPECT_FALSE(fs::exists(fs::symlink_status(merged + "/etc/b")));
+    std::vector<std::string> data;
+    for (const auto& e : fs::directory_iterator(merged + "/data"))
+        data.push_back(e.path().filename().string());
+    EXPECT_EQ(data, std::vector<std::string>{"new"});
+    EXPECT_TRUE(fs::exists(merged + "/usr/bin/tool"));
+    EXPECT_FALSE(fs::exists(fs::symlink_status(merged + "/usr/bin/tool2")));
+    EXPECT_EQ(read(merged + "/home/user/file"), "mine\n");
+}
+
+TEST_F(LayerTest, HostileOrWrongLayersLeaveNothing) {
+    for (const char* bad :
+         {"bad-dotdot.tar", "bad-absolute.tar", "bad-whiteout.tar", "bad-hardlink.tar"}) {
+        EXPECT_THROW(unpack(bad, Compression::none, "bad"), SysError) << bad;
+        EXPECT_FALSE(fs::exists(dir_ + "/bad")) << bad;
+    }
+    EXPECT_FALSE(fs::exists(dir_ + "/escape"));
+    // A diff_id that does not match: refused, nothing under the name.
+    EXPECT_THROW(unpack("layer2.tar", Compression::none, "l2", sha256_of("other")), ManifestError);
+    EXPECT_FALSE(fs::exists(dir_ + "/l2"));
+    // A corrupt blob: the decompressor's error, nothing under the name.
+    std::string gz = read(dir_ + "/layer1.tar.gz");
+    gz.resize(gz.size() / 2);
+    std::ofstream(dir_ + "/cut.gz", std::ios::binary) << gz;
+    EXPECT_THROW(unpack("cut.gz", Compression::gzip, "cut"), DecompressError);
+    EXPECT_FALSE(fs::exists(dir_ + "/cut"));
+    // Nor any temporary beside it.
+    for (const auto& e : fs::directory_iterator(dir_))
+        EXPECT_EQ(e.path().filename().string().find(".unpacking-"), std::string::npos) << e.path();
+    // An existing destination is never overwritten.
+    unpack("layer2.tar", Compression::none, "l2");
+    EXPECT_THROW(unpack("layer2.tar", Compression::none, "l2"), SysError);
+}
