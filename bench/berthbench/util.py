@@ -186,10 +186,12 @@ def prime_memory(mib: int = 1024):
     """Allocates and frees page cache (a file in /dev/shm). This VM hands free guest memory
     back to its host and the first touch of such a page is slow: without this, whichever
     command happens to write fresh pages pays for it (see bench/run-transfer)."""
-    shm = Path("/dev/shm/berth-bench-prime")
-    subprocess.run(["dd", "if=/dev/zero", f"of={shm}", "bs=1M", f"count={mib}", "status=none"],
-                   check=True)
-    shm.unlink()
+    shm = Path(f"/dev/shm/berth-bench-prime.{os.getpid()}")  # runs may overlap
+    try:
+        subprocess.run(["dd", "if=/dev/zero", f"of={shm}", "bs=1M", f"count={mib}",
+                        "status=none"], check=True)
+    finally:
+        shm.unlink(missing_ok=True)
 
 
 def warm(*paths):
