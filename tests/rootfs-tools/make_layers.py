@@ -75,3 +75,44 @@ layer(out / "bad-absolute.tar", lambda t: add(t, "/abs", b"x"))
 layer(out / "bad-whiteout.tar", lambda t: add(t, "./.wh...", b""))
 layer(out / "bad-hardlink.tar",
       lambda t: add(t, "./h", type=tarfile.LNKTYPE, linkname="../../etc/passwd"))
+
+
+# An OCI image layout of the two layers (OUT/layout), tagged "v1", and a copy whose
+# layer blob has been tampered with (OUT/layout-bad).
+def blob(layout, data):
+    import hashlib
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs/sha256").mkdir(parents=True, exist_ok=True)
+    (layout / "blobs/sha256" / digest).write_bytes(data)
+    return {"digest": "sha256:" + digest, "size": len(data)}
+
+
+def make_layout(layout):
+    import hashlib
+    import json
+    layout.mkdir()
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    l1 = blob(layout, (out / "layer1.tar.gz").read_bytes())
+    l2 = blob(layout, (out / "layer2.tar.zst").read_bytes())
+    diff_ids = ["sha256:" + hashlib.sha256((out / n).read_bytes()).hexdigest()
+                for n in ("layer1.tar", "layer2.tar")]
+    config = blob(layout, json.dumps({
+        "architecture": "amd64", "os": "linux", "created": "2026-11-29T00:00:00Z",
+        "config": {"Env": ["PATH=/usr/bin"], "Cmd": ["/bin/sh"], "WorkingDir": "/data"},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode())
+    manifest = blob(layout, json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **l1},
+                   {"mediaType": "application/vnd.oci.image.layer.v1.tar+zstd", **l2}]}).encode())
+    (layout / "index.json").write_text(json.dumps({
+        "schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest,
+            "annotations": {"org.opencontainers.image.ref.name": "v1"}}]}))
+    return l2
+
+
+make_layout(out / "layout")
+bad = make_layout(out / "layout-bad")
+p = out / "layout-bad/blobs/sha256" / bad["digest"].split(":")[1]
+p.write_bytes(p.read_bytes()[:-1] + b"\0")

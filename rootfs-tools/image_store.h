@@ -1,0 +1,57 @@
+// Images on disk: the blob store, every layer unpacked once (layers/<diff_id hex>, shared
+// by all images and sandboxes that use it), and the names (images.json: reference → the
+// manifest it resolved to). Imports verify every blob they copy and write the names last,
+// so an interrupted import leaves nothing a later one trusts.
+#pragma once
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rootfs-tools/blob_store.h"
+#include "rootfs-tools/manifest.h"
+#include "rootfs-tools/reference.h"
+
+namespace berth::images {
+
+struct Image {
+    std::string name;  // a full reference without digest: "docker.io/library/debian:12"
+    Digest manifest = Digest::from_hex(std::string(64, '0'));
+    Digest config = Digest::from_hex(std::string(64, '0'));
+    std::vector<Digest> layers;  // diff_ids, bottom first
+    uint64_t size = 0;           // compressed bytes of the layers, as a registry counts
+    std::string created;
+};
+
+class ImageStore {
+  public:
+    // `id_shift`: the sandboxes' root uid/gid outside, given to unpacked layers' owners.
+    ImageStore(std::string root, uint32_t id_shift);
+
+    // Imports an OCI image layout directory: the manifest named `tag` in its index.json
+    // (org.opencontainers.image.ref.name), or its only one; an index inside is resolved
+    // to this host's platform. The image is recorded under `name`.
+    Image import_oci_layout(const std::string& dir, const Reference& name,
+                            std::optional<std::string> tag = {});
+
+    std::vector<Image> list() const;
+    std::optional<Image> find(const Reference& ref) const;
+    // The overlay lower directories of `image`, top layer first (overlayfs's order).
+    std::vector<std::string> lower_dirs(const Image& image) const;
+    std::string layer_dir(const Digest& diff_id) const;
+
+    BlobStore& blobs() { return blobs_; }
+
+  private:
+    // Unpacks the layer blob `blob` unless layers/<diff_id> exists.
+    void ensure_layer(const Layer& layer, const Digest& diff_id);
+    void record(const Image& image);
+
+    std::string root_;
+    uint32_t id_shift_;
+    BlobStore blobs_;
+    mutable std::mutex mu_;  // images.json read-modify-write
+};
+
+}  // namespace berth::images

@@ -1,0 +1,89 @@
+// An OCI layout imported into the image store: blobs verified as copied, layers unpacked
+// once and shared, the name recorded last. Needs root (layer unpacking, mount).
+#include "rootfs-tools/image_store.h"
+
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+using namespace berth::images;
+
+namespace {
+
+class ImageStoreTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        if (::geteuid() != 0) GTEST_SKIP() << "needs root (layer unpacking, mount)";
+        char tmpl[] = "/var/tmp/berth-image-store-test.XXXXXX";
+        ASSERT_NE(::mkdtemp(tmpl), nullptr);
+        dir_ = tmpl;
+        const std::string cmd =
+            "/usr/bin/python3 " + std::string(SOURCE_DIR) + "/make_layers.py " + dir_;
+        ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+    void TearDown() override {
+        if (mounted_) ::umount2(mounted_->c_str(), MNT_DETACH);
+        if (!dir_.empty()) fs::remove_all(dir_);
+    }
+    std::string read(const std::string& path) {
+        std::ifstream in(path, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    std::string dir_;
+    std::optional<std::string> mounted_;
+};
+
+}  // namespace
+
+TEST_F(ImageStoreTest, ImportsAnOciLayoutOnceAndSharesItsLayers) {
+    ImageStore store(dir_ + "/store", 200000);
+    const Image im =
+        store.import_oci_layout(dir_ + "/layout", parse_reference("test/app:v1"), "v1");
+    EXPECT_EQ(im.name, "docker.io/test/app:v1");
+    ASSERT_EQ(im.layers.size(), 2u);
+    EXPECT_EQ(im.created, "2026-11-29T00:00:00Z");
+    auto found = store.find(parse_reference("test/app:v1"));
+    ASSERT_TRUE(found);
+    EXPECT_EQ(found->manifest, im.manifest);
+    EXPECT_TRUE(store.find(parse_reference("test/app@" + im.manifest.str())));
+    EXPECT_FALSE(store.find(parse_reference("test/app:v2")));
+
+    // The lowers, top first, give the image's files.
+    const auto lowers = store.lower_dirs(im);
+    const std::string merged = dir_ + "/merged";
+    fs::create_directory(merged);
+    const std::string opts = "lowerdir=" + lowers[0] + ":" + lowers[1];
+    ASSERT_EQ(::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, opts.c_str()), 0)
+        << std::strerror(errno);
+    mounted_ = merged;
+    EXPECT_EQ(read(merged + "/etc/a"), "a2\n");
+    EXPECT_FALSE(fs::exists(merged + "/etc/b"));
+
+    // A second import under another name unpacks nothing again.
+    struct stat before;
+    ASSERT_EQ(::stat(lowers[1].c_str(), &before), 0);
+    store.import_oci_layout(dir_ + "/layout", parse_reference("test/copy:1"), "v1");
+    struct stat after;
+    ASSERT_EQ(::stat(lowers[1].c_str(), &after), 0);
+    EXPECT_EQ(before.st_ino, after.st_ino);
+    EXPECT_EQ(store.list().size(), 2u);
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir_ + "/store/layers"), {}), 2);
+}
+
+TEST_F(ImageStoreTest, ATamperedBlobIsRefusedAndNothingNamed) {
+    ImageStore store(dir_ + "/store", 200000);
+    EXPECT_THROW(store.import_oci_layout(dir_ + "/layout-bad", parse_reference("bad:1"), "v1"),
+                 BlobMismatch);
+    EXPECT_TRUE(store.list().empty());
+    EXPECT_FALSE(store.find(parse_reference("bad:1")));
+    EXPECT_THROW(store.import_oci_layout(dir_ + "/layout", parse_reference("x:1"), "nope"),
+                 ManifestError);
+    EXPECT_THROW(store.import_oci_layout(dir_ + "/nowhere", parse_reference("x:1")),
+                 std::exception);
+}
