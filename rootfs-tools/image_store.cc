@@ -2,13 +2,19 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "base/error.h"
 #include "base/files.h"
 #include "base/unique_fd.h"
 #include "rootfs-tools/layer.h"
+#include "transfer/archive.h"
+#include "transfer/root.h"
 
 namespace berth::images {
 
@@ -22,6 +28,14 @@ json read_json(const std::string& path, const char* what) {
     } catch (const json::parse_error& e) {
         throw ManifestError(std::string(what) + " " + path + ": not JSON (" + e.what() + ")");
     }
+}
+
+std::string random_hex(int n) {
+    std::random_device rd;
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string s;
+    for (int i = 0; i < n; ++i) s += kHex[rd() & 15];
+    return s;
 }
 
 Image image_from_json(const json& j) {
@@ -121,19 +135,119 @@ Image ImageStore::import_oci_layout(const std::string& dir, const Reference& nam
         throw ManifestError(dir + ": the manifest has " + std::to_string(manifest.layers.size()) +
                             " layers, its config " + std::to_string(config.diff_ids.size()));
     }
+    for (const auto& layer : manifest.layers) copy_blob(layer.blob);
+    return add_image(name, manifest_desc.digest, manifest, config);
+}
+
+Image ImageStore::add_image(const Reference& name, const Digest& manifest_digest,
+                            const Manifest& manifest, const ImageConfig& config) {
+    if (config.diff_ids.size() != manifest.layers.size()) {
+        throw ManifestError(name.str() + ": the manifest has " +
+                            std::to_string(manifest.layers.size()) + " layers, its config " +
+                            std::to_string(config.diff_ids.size()));
+    }
     Image image;
     image.name = name.name() + ":" + (name.tag ? *name.tag : std::string("latest"));
-    image.manifest = manifest_desc.digest;
+    image.manifest = manifest_digest;
     image.config = manifest.config.digest;
     image.created = config.created;
     for (size_t i = 0; i < manifest.layers.size(); ++i) {
-        copy_blob(manifest.layers[i].blob);
         ensure_layer(manifest.layers[i], config.diff_ids[i]);
         image.layers.push_back(config.diff_ids[i]);
         image.size += manifest.layers[i].blob.size;
     }
     record(image);  // last: the name appears only once everything it needs is there
     return image;
+}
+
+Image ImageStore::import_docker_archive(const std::string& archive, const Reference& name) {
+    // The archive is unpacked, by the same strict extractor as any untrusted tar, into a
+    // scratch directory of the store (the blob store's ingest dir: swept on open).
+    const std::string scratch_rel = "ingest/ingest-docker-archive-" + random_hex(16);
+    const std::string dir = root_ + "/" + scratch_rel;
+    struct Scratch {
+        std::string path;
+        ~Scratch() { remove_tree(path); }
+    } scratch{dir};
+    {
+        UniqueFd in(::open(archive.c_str(), O_RDONLY | O_CLOEXEC));
+        if (!in) throw_sys("open", archive);
+        transfer::extract_archive(in.get(), transfer::Root::open(root_), scratch_rel, {});
+    }
+    // Paths named by manifest.json stay inside the archive.
+    auto member = [&](const json& v, const char* what) {
+        if (!v.is_string())
+            throw ManifestError(archive + ": manifest.json " + what + " is not a path");
+        const std::string rel = v.get<std::string>();
+        if (rel.empty() || rel[0] == '/' || ("/" + rel + "/").find("/../") != std::string::npos)
+            throw ManifestError(archive + ": manifest.json names " + rel + " outside the archive");
+        return dir + "/" + rel;
+    };
+    const json list = read_json(dir + "/manifest.json", "docker-archive manifest");
+    if (!list.is_array() || list.empty())
+        throw ManifestError(archive + ": manifest.json lists no image");
+    const json* entry = list.size() == 1 ? &list[0] : nullptr;
+    const std::string wanted = name.familiar();
+    for (const auto& e : list) {
+        for (const auto& t : e.value("RepoTags", json::array()))
+            if (t.is_string() &&
+                (t.get<std::string>() == wanted || parse_reference(t.get<std::string>()) == name))
+                entry = &e;
+    }
+    if (!entry) throw ManifestError(archive + ": holds several images and none is " + wanted);
+
+    const std::string config_text = read_file(member(entry->value("Config", json()), "Config"));
+    const ImageConfig config = parse_config(config_text);
+    Manifest manifest{std::string(media::kDockerManifest),
+                      {std::string(media::kDockerConfig), blobs_.put_bytes(config_text),
+                       config_text.size(), std::nullopt},
+                      {}};
+    json manifest_json = {{"schemaVersion", 2},
+                          {"mediaType", media::kDockerManifest},
+                          {"config",
+                           {{"mediaType", media::kDockerConfig},
+                            {"size", config_text.size()},
+                            {"digest", manifest.config.digest.str()}}},
+                          {"layers", json::array()}};
+    for (const auto& l : entry->value("Layers", json::array())) {
+        const std::string path = member(l, "Layers");
+        // docker save writes plain tars; other tools gzip or zstd them: the magic says.
+        Sha256 hash;
+        uint64_t size = 0;
+        unsigned char magic[4] = {};
+        {
+            UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+            if (!fd) throw_sys("open", path);
+            std::vector<char> buf(1 << 20);
+            for (;;) {
+                ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+                if (n < 0 && errno == EINTR) continue;
+                if (n < 0) throw_sys("read", path);
+                if (n == 0) break;
+                if (size == 0) std::memcpy(magic, buf.data(), std::min<size_t>(4, n));
+                hash.update(buf.data(), static_cast<size_t>(n));
+                size += static_cast<uint64_t>(n);
+            }
+        }
+        const Digest digest = hash.finish();
+        const Compression c =
+            magic[0] == 0x1f && magic[1] == 0x8b ? Compression::gzip
+            : magic[0] == 0x28 && magic[1] == 0xb5 && magic[2] == 0x2f && magic[3] == 0xfd
+                ? Compression::zstd
+                : Compression::none;
+        const char* type =
+            c == Compression::gzip   ? "application/vnd.docker.image.rootfs.diff.tar.gzip"
+            : c == Compression::zstd ? "application/vnd.oci.image.layer.v1.tar+zstd"
+                                     : "application/vnd.docker.image.rootfs.diff.tar";
+        UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (!fd) throw_sys("open", path);
+        blobs_.put(digest, fd.get(), size);
+        manifest.layers.push_back({{type, digest, size, std::nullopt}, c});
+        manifest_json["layers"].push_back(
+            {{"mediaType", type}, {"size", size}, {"digest", digest.str()}});
+    }
+    const Digest manifest_digest = blobs_.put_bytes(manifest_json.dump());
+    return add_image(name, manifest_digest, manifest, config);
 }
 
 void ImageStore::record(const Image& image) {

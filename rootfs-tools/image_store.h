@@ -35,6 +35,11 @@ class ImageStore {
     Image import_oci_layout(const std::string& dir, const Reference& name,
                             std::optional<std::string> tag = {});
 
+    // Imports a `docker save` / `skopeo copy ... docker-archive:` tar: the image tagged
+    // `name` in it, or its only one. Its layers become blobs as they are (plain tars, or
+    // gzip/zstd as found) under a Docker schema 2 manifest made here.
+    Image import_docker_archive(const std::string& archive, const Reference& name);
+
     std::vector<Image> list() const;
     std::optional<Image> find(const Reference& ref) const;
     // The overlay lower directories of `image`, top layer first (overlayfs's order).
@@ -47,6 +52,9 @@ class ImageStore {
     // Unpacks the layer blob `blob` unless layers/<diff_id> exists.
     void ensure_layer(const Layer& layer, const Digest& diff_id);
     void record(const Image& image);
+    // Unpacks what is missing and records `name` (the blobs are in the store already).
+    Image add_image(const Reference& name, const Digest& manifest_digest, const Manifest& manifest,
+                    const ImageConfig& config);
 
     std::string root_;
     uint32_t id_shift_;

@@ -87,3 +87,26 @@ TEST_F(ImageStoreTest, ATamperedBlobIsRefusedAndNothingNamed) {
     EXPECT_THROW(store.import_oci_layout(dir_ + "/nowhere", parse_reference("x:1")),
                  std::exception);
 }
+
+TEST_F(ImageStoreTest, ImportsADockerArchiveToTheSameLayers) {
+    ImageStore store(dir_ + "/store", 200000);
+    const Image from_layout =
+        store.import_oci_layout(dir_ + "/layout", parse_reference("test/app:v1"), "v1");
+    const Image im =
+        store.import_docker_archive(dir_ + "/image.docker.tar", parse_reference("test/app:v1"));
+    // The same layers (by diff_id), so nothing new unpacked; the manifest is berth's own.
+    EXPECT_EQ(im.layers, from_layout.layers);
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir_ + "/store/layers"), {}), 2);
+    EXPECT_TRUE(store.blobs().has(im.manifest));
+    EXPECT_EQ(store.find(parse_reference("test/app:v1"))->manifest, im.manifest);
+    // Nothing of the unpacked archive stays behind.
+    EXPECT_EQ(std::distance(fs::directory_iterator(dir_ + "/store/ingest"), {}), 0);
+
+    EXPECT_THROW(store.import_docker_archive(dir_ + "/bad.docker.tar", parse_reference("bad:1")),
+                 ManifestError);
+    // Its only image, under the name asked for (docker load, then tag).
+    const Image other =
+        store.import_docker_archive(dir_ + "/image.docker.tar", parse_reference("other:1"));
+    EXPECT_EQ(other.name, "docker.io/library/other:1");
+    EXPECT_EQ(other.manifest, im.manifest);
+}

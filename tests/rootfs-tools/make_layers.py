@@ -116,3 +116,31 @@ make_layout(out / "layout")
 bad = make_layout(out / "layout-bad")
 p = out / "layout-bad/blobs/sha256" / bad["digest"].split(":")[1]
 p.write_bytes(p.read_bytes()[:-1] + b"\0")
+
+
+# A docker-archive (docker save's format) of the same image: OUT/image.docker.tar, with
+# one plain and one zstd layer; and one whose manifest.json points outside itself.
+def make_docker_archive(path, layer_names):
+    import hashlib
+    import json
+    diff_ids = ["sha256:" + hashlib.sha256((out / n).read_bytes()).hexdigest()
+                for n in ("layer1.tar", "layer2.tar")]
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["/bin/sh"]},
+                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    chex = hashlib.sha256(config).hexdigest()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def put(name, data):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        put(f"{chex}.json", config)
+        put("a/layer.tar", (out / "layer1.tar").read_bytes())
+        put("b/layer.tar.zst", (out / "layer2.tar.zst").read_bytes())
+        put("manifest.json", json.dumps([{"Config": f"{chex}.json", "RepoTags": ["test/app:v1"],
+                                          "Layers": layer_names}]).encode())
+    path.write_bytes(buf.getvalue())
+
+
+make_docker_archive(out / "image.docker.tar", ["a/layer.tar", "b/layer.tar.zst"])
+make_docker_archive(out / "bad.docker.tar", ["a/layer.tar", "../../../../etc/hostname"])
