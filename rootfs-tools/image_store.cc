@@ -250,6 +250,43 @@ Image ImageStore::import_docker_archive(const std::string& archive, const Refere
     return add_image(name, manifest_digest, manifest, config);
 }
 
+void ImageStore::export_oci_layout(const Image& image, const std::string& dir,
+                                   const std::string& tag) {
+    if (::mkdir(dir.c_str(), 0755) != 0) throw_sys("mkdir", dir);
+    make_dirs(dir + "/blobs/sha256", 0755);
+    auto put = [&](const Digest& d) {
+        const std::string to = dir + "/blobs/sha256/" + std::string(d.hex());
+        if (::link(blobs_.path(d).c_str(), to.c_str()) == 0 || errno == EEXIST) return;
+        if (errno != EXDEV && errno != EPERM) throw_sys("link", to);
+        UniqueFd src = blobs_.open(d);
+        UniqueFd dst(::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+        if (!dst) throw_sys("create", to);
+        for (;;) {
+            ssize_t n = ::copy_file_range(src.get(), nullptr, dst.get(), nullptr, 1 << 30, 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) throw_sys("copy_file_range", to);
+            if (n == 0) break;
+        }
+    };
+    const std::string manifest_text = read_file(blobs_.path(image.manifest));
+    auto doc = parse_manifest_or_index(manifest_text);
+    if (!std::holds_alternative<Manifest>(doc))
+        throw ManifestError(image.name + ": its manifest blob is not a manifest");
+    const Manifest& manifest = std::get<Manifest>(doc);
+    put(image.manifest);
+    put(manifest.config.digest);
+    for (const auto& l : manifest.layers) put(l.blob.digest);
+    const json index = {{"schemaVersion", 2},
+                        {"mediaType", media::kOciIndex},
+                        {"manifests",
+                         {{{"mediaType", manifest.media_type},
+                           {"digest", image.manifest.str()},
+                           {"size", manifest_text.size()},
+                           {"annotations", {{"org.opencontainers.image.ref.name", tag}}}}}}};
+    write_file_atomic(dir + "/index.json", index.dump() + "\n");
+    write_file_atomic(dir + "/oci-layout", "{\"imageLayoutVersion\": \"1.0.0\"}\n");
+}
+
 void ImageStore::record(const Image& image) {
     std::lock_guard lock(mu_);
     const std::string path = root_ + "/images.json";

@@ -40,6 +40,11 @@ class ImageStore {
     // gzip/zstd as found) under a Docker schema 2 manifest made here.
     Image import_docker_archive(const std::string& archive, const Reference& name);
 
+    // Writes `image` as an OCI image layout into `dir` (made; it must not exist), its
+    // manifest named by `tag` in index.json. Blobs are hard links where the filesystem
+    // allows (they are immutable), else copies. Importing it again gives the same digest.
+    void export_oci_layout(const Image& image, const std::string& dir, const std::string& tag);
+
     std::vector<Image> list() const;
     std::optional<Image> find(const Reference& ref) const;
     // The overlay lower directories of `image`, top layer first (overlayfs's order).

@@ -110,3 +110,19 @@ TEST_F(ImageStoreTest, ImportsADockerArchiveToTheSameLayers) {
     EXPECT_EQ(other.name, "docker.io/library/other:1");
     EXPECT_EQ(other.manifest, im.manifest);
 }
+
+TEST_F(ImageStoreTest, ExportThenImportGivesTheSameDigest) {
+    ImageStore store(dir_ + "/store", 200000);
+    for (const Image& im :
+         {store.import_oci_layout(dir_ + "/layout", parse_reference("test/app:v1"), "v1"),
+          store.import_docker_archive(dir_ + "/image.docker.tar", parse_reference("d:1"))}) {
+        const std::string out = dir_ + "/export-" + im.manifest.str().substr(7, 12);
+        store.export_oci_layout(im, out, "exported");
+        ImageStore other(dir_ + "/other-" + im.manifest.str().substr(7, 12), 200000);
+        const Image again =
+            other.import_oci_layout(out, parse_reference("again:1"), std::string("exported"));
+        EXPECT_EQ(again.manifest, im.manifest) << im.name;
+        EXPECT_EQ(again.layers, im.layers) << im.name;
+        EXPECT_THROW(store.export_oci_layout(im, out, "x"), std::exception) << "overwrote " << out;
+    }
+}
