@@ -87,6 +87,10 @@ BlobWriter BlobStore::writer(const Digest& expected, std::optional<uint64_t> exp
     return BlobWriter(*this, expected, expected_size);
 }
 
+BlobWriter BlobStore::writer_for_new() {
+    return BlobWriter(*this, std::nullopt, std::nullopt);
+}
+
 void BlobStore::put(const Digest& expected, int fd, std::optional<uint64_t> expected_size) {
     if (has(expected)) return;
     BlobWriter w = writer(expected, expected_size);
@@ -131,7 +135,8 @@ std::vector<Digest> BlobStore::list() const {
     return out;
 }
 
-BlobWriter::BlobWriter(const BlobStore& store, Digest expected, std::optional<uint64_t> size)
+BlobWriter::BlobWriter(const BlobStore& store, std::optional<Digest> expected,
+                       std::optional<uint64_t> size)
     : store_(&store), expected_(std::move(expected)), expected_size_(size) {
     // Unnamed until committed: a crash cannot leave a half blob under any name.
     int fd = ::openat(store.blobs_dir_.get(), ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
@@ -149,18 +154,24 @@ BlobWriter::~BlobWriter() {
     if (!done_ && !named_temp_.empty()) ::unlink(named_temp_.c_str());
 }
 
+namespace {
+std::string label(const std::optional<Digest>& d) {
+    return d ? "blob " + d->str() : "new blob";
+}
+}  // namespace
+
 void BlobWriter::write(const void* data, size_t len) {
     if (done_) throw std::logic_error("BlobWriter::write after commit");
     if (expected_size_ && written_ + len > *expected_size_) {
-        throw BlobMismatch("blob " + expected_.str() + ": more than the " +
-                           std::to_string(*expected_size_) + " bytes expected");
+        throw BlobMismatch(label(expected_) + ": more than the " + std::to_string(*expected_size_) +
+                           " bytes expected");
     }
     hash_.update(data, len);
-    write_all(fd_.get(), data, len, "blob " + expected_.str());
+    write_all(fd_.get(), data, len, label(expected_));
     written_ += len;
 }
 
-void BlobWriter::commit() {
+Digest BlobWriter::commit() {
     if (done_) throw std::logic_error("BlobWriter::commit twice");
     done_ = true;  // whatever happens below, this writer is finished
     auto discard = [&] {
@@ -168,22 +179,22 @@ void BlobWriter::commit() {
     };
     if (expected_size_ && written_ != *expected_size_) {
         discard();
-        throw BlobMismatch("blob " + expected_.str() + ": " + std::to_string(written_) +
+        throw BlobMismatch(label(expected_) + ": " + std::to_string(written_) +
                            " bytes, expected " + std::to_string(*expected_size_));
     }
     const Digest got = hash_.finish();
-    if (got != expected_) {
+    if (expected_ && got != *expected_) {
         discard();
-        throw BlobMismatch("blob " + expected_.str() + ": its " + std::to_string(written_) +
+        throw BlobMismatch(label(expected_) + ": its " + std::to_string(written_) +
                            " bytes hash to " + got.str());
     }
     try {
-        check_sys("fsync", "blob " + expected_.str(), [&] { return ::fsync(fd_.get()); });
+        check_sys("fsync", "blob " + got.str(), [&] { return ::fsync(fd_.get()); });
     } catch (...) {
         discard();
         throw;
     }
-    const std::string name(expected_.hex());
+    const std::string name(got.hex());
     int rc;
     if (named_temp_.empty()) {
         // linkat(fd, "", AT_EMPTY_PATH) would need CAP_DAC_READ_SEARCH; /proc does not.
@@ -196,10 +207,11 @@ void BlobWriter::commit() {
     if (rc != 0 && errno != EEXIST) {
         const int err = errno;
         discard();
-        throw_sys("link blob into place", expected_.str(), err);
+        throw_sys("link blob into place", got.str(), err);
     }
     discard();  // (the named temporary of a writer that lost the race)
     ::fsync(store_->blobs_dir_.get());
+    return got;
 }
 
 }  // namespace berth::images

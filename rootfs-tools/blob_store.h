@@ -40,6 +40,8 @@ class BlobStore {
     // A writer for a blob that must hash to `expected` (and have `expected_size` bytes,
     // when known). See BlobWriter.
     BlobWriter writer(const Digest& expected, std::optional<uint64_t> expected_size = {});
+    // A writer for bytes made here, named by whatever they hash to.
+    BlobWriter writer_for_new();
     // Reads `fd` to its end into a verified blob (a no-op read when it is present).
     void put(const Digest& expected, int fd, std::optional<uint64_t> expected_size = {});
     // Stores bytes made here (a manifest, a config) under their own digest.
@@ -66,18 +68,19 @@ class BlobWriter {
     // Appends; BlobMismatch once more bytes than the expected size arrive.
     void write(const void* data, size_t len);
     uint64_t written() const { return written_; }
-    const Digest& expected() const { return expected_; }
-    // Checks the size and the digest, syncs the data and names it. BlobMismatch (and
-    // nothing stored) when they differ. Another writer having stored the same blob
-    // first is fine: the content is the same by definition.
-    void commit();
+    const std::optional<Digest>& expected() const { return expected_; }
+    // Checks the size and the digest, syncs the data and names it; returns the digest.
+    // BlobMismatch (and nothing stored) when they differ. Another writer having stored
+    // the same blob first is fine: the content is the same by definition.
+    Digest commit();
 
   private:
     friend class BlobStore;
-    BlobWriter(const BlobStore& store, Digest expected, std::optional<uint64_t> size);
+    BlobWriter(const BlobStore& store, std::optional<Digest> expected,
+               std::optional<uint64_t> size);
 
     const BlobStore* store_;
-    Digest expected_;
+    std::optional<Digest> expected_;  // none: bytes made here, named by their hash
     std::optional<uint64_t> expected_size_;
     UniqueFd fd_;
     std::string named_temp_;  // set only where O_TMPFILE is not supported

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "base/error.h"
 #include "base/files.h"
@@ -248,6 +249,83 @@ Image ImageStore::import_docker_archive(const std::string& archive, const Refere
     }
     const Digest manifest_digest = blobs_.put_bytes(manifest_json.dump());
     return add_image(name, manifest_digest, manifest, config);
+}
+
+Image ImageStore::import_rootfs_dir(const std::string& dir, const Reference& name,
+                                    const ImageConfig& defaults) {
+    // The tree goes through a pipe: written by transfer's archive writer on a thread,
+    // hashed and stored by this one.
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC) != 0) throw_sys("pipe2", dir);
+    UniqueFd read_end(ends[0]), write_end(ends[1]);
+    transfer::enlarge_pipe(read_end.get());
+    std::exception_ptr write_error;
+    std::thread writer([&, out = std::move(write_end)]() mutable {
+        try {
+            transfer::WriteOptions w;
+            w.contents_only = true;
+            w.name = ".";
+            transfer::write_archive(transfer::Root::open(dir), ".", out.get(), w);
+        } catch (...) {
+            write_error = std::current_exception();
+        }
+        out.reset();
+    });
+    std::optional<Digest> layer_digest;
+    uint64_t layer_size = 0;
+    std::exception_ptr store_error;
+    try {
+        BlobWriter blob = blobs_.writer_for_new();
+        std::vector<char> buf(1 << 20);
+        for (;;) {
+            ssize_t n = ::read(read_end.get(), buf.data(), buf.size());
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) throw_sys("read", "the tar of " + dir);
+            if (n == 0) break;
+            blob.write(buf.data(), static_cast<size_t>(n));
+        }
+        layer_size = blob.written();
+        if (!write_error) layer_digest = blob.commit();
+    } catch (...) {
+        store_error = std::current_exception();
+    }
+    read_end.reset();
+    writer.join();
+    // A store failure first (the writer's EPIPE is then only its echo).
+    if (store_error) std::rethrow_exception(store_error);
+    if (write_error) std::rethrow_exception(write_error);
+
+    ImageConfig config = defaults;
+    config.diff_ids = {*layer_digest};  // an uncompressed layer is its own diff_id
+    if (config.platform.os.empty()) config.platform = host_platform();
+    json config_json = {{"architecture", config.platform.architecture},
+                        {"os", config.platform.os},
+                        {"config",
+                         {{"Env", config.env},
+                          {"Cmd", config.cmd},
+                          {"Entrypoint", config.entrypoint},
+                          {"WorkingDir", config.working_dir},
+                          {"User", config.user}}},
+                        {"rootfs", {{"type", "layers"}, {"diff_ids", {layer_digest->str()}}}}};
+    if (!config.created.empty()) config_json["created"] = config.created;
+    const std::string config_text = config_json.dump();
+    Manifest manifest{
+        std::string(media::kOciManifest),
+        {std::string(media::kOciConfig), blobs_.put_bytes(config_text), config_text.size(),
+         std::nullopt},
+        {{{"application/vnd.oci.image.layer.v1.tar", *layer_digest, layer_size, std::nullopt},
+          Compression::none}}};
+    const json manifest_json = {{"schemaVersion", 2},
+                                {"mediaType", media::kOciManifest},
+                                {"config",
+                                 {{"mediaType", media::kOciConfig},
+                                  {"size", config_text.size()},
+                                  {"digest", manifest.config.digest.str()}}},
+                                {"layers",
+                                 {{{"mediaType", "application/vnd.oci.image.layer.v1.tar"},
+                                   {"size", layer_size},
+                                   {"digest", layer_digest->str()}}}}};
+    return add_image(name, blobs_.put_bytes(manifest_json.dump()), manifest, config);
 }
 
 void ImageStore::export_oci_layout(const Image& image, const std::string& dir,

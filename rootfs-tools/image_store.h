@@ -40,6 +40,12 @@ class ImageStore {
     // gzip/zstd as found) under a Docker schema 2 manifest made here.
     Image import_docker_archive(const std::string& archive, const Reference& name);
 
+    // Makes a one-layer image of a root filesystem directory (what debootstrap leaves):
+    // its tree as an uncompressed layer tar (owners as they are there: root's files
+    // belong to the sandboxes' root once unpacked), `config` for the run settings.
+    Image import_rootfs_dir(const std::string& dir, const Reference& name,
+                            const ImageConfig& config);
+
     // Writes `image` as an OCI image layout into `dir` (made; it must not exist), its
     // manifest named by `tag` in index.json. Blobs are hard links where the filesystem
     // allows (they are immutable), else copies. Importing it again gives the same digest.

@@ -157,3 +157,17 @@ TEST_F(BlobStoreTest, ConcurrentWritersOfOneBlobBothSucceed) {
     EXPECT_EQ(read(store.path(d)), data);
     EXPECT_EQ(stored_files().size(), 1u);
 }
+
+TEST_F(BlobStoreTest, NewBytesAreNamedByWhatTheyHashTo) {
+    BlobStore store(dir_);
+    BlobWriter w = store.writer_for_new();
+    w.write("hello\n", 6);
+    EXPECT_FALSE(w.expected());
+    EXPECT_EQ(w.commit().str(), kHello);
+    EXPECT_EQ(read(store.path(Digest::parse(kHello))), "hello\n");
+    {
+        BlobWriter abandoned = store.writer_for_new();
+        abandoned.write("x", 1);
+    }
+    EXPECT_EQ(stored_files().size(), 1u);
+}

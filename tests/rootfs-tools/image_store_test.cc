@@ -126,3 +126,36 @@ TEST_F(ImageStoreTest, ExportThenImportGivesTheSameDigest) {
         EXPECT_THROW(store.export_oci_layout(im, out, "x"), std::exception) << "overwrote " << out;
     }
 }
+
+TEST_F(ImageStoreTest, ARootfsDirectoryBecomesAOneLayerImage) {
+    const std::string rootfs = dir_ + "/rootfs";
+    fs::create_directories(rootfs + "/etc");
+    fs::create_directories(rootfs + "/home/u");
+    std::ofstream(rootfs + "/etc/hostname") << "base\n";
+    std::ofstream(rootfs + "/home/u/f") << "u\n";
+    ASSERT_EQ(::chown((rootfs + "/home/u/f").c_str(), 1000, 1000), 0);
+    fs::create_symlink("/etc/hostname", rootfs + "/name");
+    ImageStore store(dir_ + "/store", 200000);
+    ImageConfig config;
+    config.cmd = {"/bin/sh"};
+    config.working_dir = "/home/u";
+    const Image im = store.import_rootfs_dir(rootfs, parse_reference("base:1"), config);
+    ASSERT_EQ(im.layers.size(), 1u);
+    const std::string layer = store.lower_dirs(im)[0];
+    EXPECT_EQ(read(layer + "/etc/hostname"), "base\n");
+    EXPECT_EQ(fs::read_symlink(layer + "/name"), "/etc/hostname");
+    struct stat st;
+    ASSERT_EQ(::stat((layer + "/home/u/f").c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 201000u);
+    ASSERT_EQ(::stat((layer + "/etc/hostname").c_str(), &st), 0);
+    EXPECT_EQ(st.st_uid, 200000u);
+    // The config keeps the run settings; the same tree gives the same image.
+    const ImageConfig stored = parse_config(read(store.blobs().path(im.config)));
+    EXPECT_EQ(stored.working_dir, "/home/u");
+    EXPECT_EQ(stored.cmd, std::vector<std::string>{"/bin/sh"});
+    EXPECT_EQ(store.import_rootfs_dir(rootfs, parse_reference("base:2"), config).manifest,
+              im.manifest);
+    EXPECT_THROW(store.import_rootfs_dir(dir_ + "/nowhere", parse_reference("x:1"), config),
+                 std::exception);
+    EXPECT_FALSE(store.find(parse_reference("x:1")));
+}
