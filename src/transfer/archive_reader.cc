@@ -478,7 +478,14 @@ int Extractor::create_parents(const std::string& rel, const std::string& where) 
             if (::mkdirat(at, comp.c_str(), 0700) != 0) throw_sys("mkdir", where);
             created_.push_back({true, prefix});
             Ownership owner;
-            if (options_.owners == ExtractOptions::Owners::fixed) owner = options_.owner;
+            if (options_.owners == ExtractOptions::Owners::fixed) {
+                owner = options_.owner;
+            } else if (options_.layer.enabled) {
+                // A layer's directory it does not list (its whiteout's, say) is the
+                // sandbox root's, as an image tool would make it: the top layer's copy
+                // is the one a sandbox sees.
+                owner = {options_.layer.id_shift, options_.layer.id_shift};
+            }
             dirs_.push_back({prefix, 0755, std::nullopt, owner});
             next.reset(::openat(at, comp.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
         }

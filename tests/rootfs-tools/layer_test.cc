@@ -107,6 +107,10 @@ TEST_F(LayerTest, UnpacksIntoOverlayFormAndMountsToTheImage) {
     struct stat wh = lstat_of(l2 + "/etc/b");
     EXPECT_TRUE(S_ISCHR(wh.st_mode) && wh.st_rdev == makedev(0, 0)) << "etc/b is no whiteout";
     EXPECT_EQ(xattr(l2 + "/data", "trusted.overlay.opaque"), "y");
+    // usr/ and usr/bin/ are not in layer 2's tar (only a whiteout inside them): made for
+    // it, they belong to the sandboxes' root, like every other directory of the image.
+    EXPECT_EQ(lstat_of(l2 + "/usr/bin").st_uid, kShift);
+    EXPECT_EQ(lstat_of(l2 + "/usr").st_mode & 07777, 0755u);
 
     // What a sandbox sees.
     const std::string merged = dir_ + "/merged";
