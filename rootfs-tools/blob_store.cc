@@ -8,6 +8,7 @@
 #include <random>
 
 #include "base/error.h"
+#include "base/files.h"
 
 namespace berth::images {
 
@@ -17,21 +18,11 @@ void make_dir(const std::string& path) {
     if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) throw_sys("mkdir", path);
 }
 
-void write_all(int fd, const void* data, size_t len, const std::string& what) {
-    const char* p = static_cast<const char*>(data);
-    while (len > 0) {
-        ssize_t n = ::write(fd, p, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) throw_sys("write", what);
-        p += n;
-        len -= static_cast<size_t>(n);
-    }
-}
-
-std::string random_name() {
+// "ingest-<purpose>-<16 hex>": what the sweep on open removes.
+std::string ingest_name(std::string_view purpose) {
     std::random_device rd;
     static constexpr char kHex[] = "0123456789abcdef";
-    std::string s = "ingest-";
+    std::string s = "ingest-" + std::string(purpose) + "-";
     for (int i = 0; i < 16; ++i) s += kHex[rd() & 15];
     return s;
 }
@@ -47,15 +38,23 @@ BlobStore::BlobStore(std::string root)
     blobs_dir_.reset(check_sys("open", blobs_, [&] {
         return ::open(blobs_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     }));
-    // Named temporaries (filesystems without O_TMPFILE) of writes that never finished:
-    // nothing in there is trusted, so nothing in there survives a restart.
+    // Named temporaries (filesystems without O_TMPFILE) and scratch directories of work
+    // that never finished: nothing in there is trusted, so nothing survives a restart.
+    std::vector<std::string> leftovers;
     if (DIR* d = ::opendir(ingest_.c_str())) {
         while (dirent* e = ::readdir(d)) {
-            std::string_view name = e->d_name;
-            if (name.substr(0, 7) == "ingest-") ::unlinkat(::dirfd(d), e->d_name, 0);
+            if (std::string_view(e->d_name).substr(0, 7) == "ingest-")
+                leftovers.push_back(ingest_ + "/" + e->d_name);
         }
         ::closedir(d);
     }
+    for (const auto& path : leftovers) remove_tree(path);
+}
+
+std::string BlobStore::make_scratch_dir(std::string_view purpose) const {
+    const std::string path = ingest_ + "/" + ingest_name(purpose);
+    if (::mkdir(path.c_str(), 0700) != 0) throw_sys("mkdir", path);
+    return path;
 }
 
 std::string BlobStore::path(const Digest& d) const {
@@ -141,7 +140,7 @@ BlobWriter::BlobWriter(const BlobStore& store, std::optional<Digest> expected,
     // Unnamed until committed: a crash cannot leave a half blob under any name.
     int fd = ::openat(store.blobs_dir_.get(), ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
-        named_temp_ = store.ingest_ + "/" + random_name();
+        named_temp_ = store.ingest_ + "/" + ingest_name("blob");
         fd = ::open(named_temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd < 0) throw_sys("create", named_temp_);
     } else if (fd < 0) {
@@ -167,7 +166,7 @@ void BlobWriter::write(const void* data, size_t len) {
                            " bytes expected");
     }
     hash_.update(data, len);
-    write_all(fd_.get(), data, len, label(expected_));
+    write_all(fd_.get(), {static_cast<const char*>(data), len}, label(expected_));
     written_ += len;
 }
 

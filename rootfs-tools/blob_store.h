@@ -31,6 +31,9 @@ class BlobStore {
     explicit BlobStore(std::string root);
 
     const std::string& root() const { return root_; }
+    // A fresh private directory for work on its way in (an archive being unpacked): the
+    // caller removes it; a crash leaves it to the sweep of the next open.
+    std::string make_scratch_dir(std::string_view purpose) const;
     std::string path(const Digest& d) const;
     bool has(const Digest& d) const;
     // Read-only fd of a present blob; SysError (ENOENT) naming the digest otherwise.

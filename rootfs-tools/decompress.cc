@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/files.h"
 
 namespace berth::images {
 
@@ -30,13 +31,7 @@ class Sink {
     void put(const char* p, size_t len) {
         hash_.update(p, len);
         written_ += len;
-        while (len > 0) {
-            ssize_t n = ::write(fd_, p, len);
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) throw_sys("write", what_);
-            p += n;
-            len -= static_cast<size_t>(n);
-        }
+        write_all(fd_, {p, len}, what_);
     }
     uint64_t written() const { return written_; }
     Digest finish() { return hash_.finish(); }

@@ -7,13 +7,12 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
-#include <random>
-#include <thread>
 
 #include "base/error.h"
 #include "base/files.h"
 #include "base/unique_fd.h"
 #include "rootfs-tools/layer.h"
+#include "rootfs-tools/pipe_through.h"
 #include "transfer/archive.h"
 #include "transfer/root.h"
 
@@ -29,14 +28,6 @@ json read_json(const std::string& path, const char* what) {
     } catch (const json::parse_error& e) {
         throw ManifestError(std::string(what) + " " + path + ": not JSON (" + e.what() + ")");
     }
-}
-
-std::string random_hex(int n) {
-    std::random_device rd;
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string s;
-    for (int i = 0; i < n; ++i) s += kHex[rd() & 15];
-    return s;
 }
 
 Image image_from_json(const json& j) {
@@ -163,9 +154,9 @@ Image ImageStore::add_image(const Reference& name, const Digest& manifest_digest
 
 Image ImageStore::import_docker_archive(const std::string& archive, const Reference& name) {
     // The archive is unpacked, by the same strict extractor as any untrusted tar, into a
-    // scratch directory of the store (the blob store's ingest dir: swept on open).
-    const std::string scratch_rel = "ingest/ingest-docker-archive-" + random_hex(16);
-    const std::string dir = root_ + "/" + scratch_rel;
+    // scratch directory of the store (swept on open, should this one be left).
+    const std::string dir = blobs_.make_scratch_dir("docker-archive");
+    const std::string scratch_rel = dir.substr(root_.size() + 1);
     struct Scratch {
         std::string path;
         ~Scratch() { remove_tree(path); }
@@ -253,50 +244,33 @@ Image ImageStore::import_docker_archive(const std::string& archive, const Refere
 
 Image ImageStore::import_rootfs_dir(const std::string& dir, const Reference& name,
                                     const ImageConfig& defaults) {
-    // The tree goes through a pipe: written by transfer's archive writer on a thread,
-    // hashed and stored by this one.
-    int ends[2];
-    if (::pipe2(ends, O_CLOEXEC) != 0) throw_sys("pipe2", dir);
-    UniqueFd read_end(ends[0]), write_end(ends[1]);
-    transfer::enlarge_pipe(read_end.get());
-    std::exception_ptr write_error;
-    std::thread writer([&, out = std::move(write_end)]() mutable {
-        try {
+    // The tree's tar: written by transfer's archive writer on a thread, hashed and stored
+    // by this one.
+    Digest layer_digest = Digest::from_hex(std::string(64, '0'));
+    uint64_t layer_size = 0;
+    pipe_through(
+        [&](int out) {
             transfer::WriteOptions w;
             w.contents_only = true;
             w.name = ".";
-            transfer::write_archive(transfer::Root::open(dir), ".", out.get(), w);
-        } catch (...) {
-            write_error = std::current_exception();
-        }
-        out.reset();
-    });
-    std::optional<Digest> layer_digest;
-    uint64_t layer_size = 0;
-    std::exception_ptr store_error;
-    try {
-        BlobWriter blob = blobs_.writer_for_new();
-        std::vector<char> buf(1 << 20);
-        for (;;) {
-            ssize_t n = ::read(read_end.get(), buf.data(), buf.size());
-            if (n < 0 && errno == EINTR) continue;
-            if (n < 0) throw_sys("read", "the tar of " + dir);
-            if (n == 0) break;
-            blob.write(buf.data(), static_cast<size_t>(n));
-        }
-        layer_size = blob.written();
-        if (!write_error) layer_digest = blob.commit();
-    } catch (...) {
-        store_error = std::current_exception();
-    }
-    read_end.reset();
-    writer.join();
-    // A store failure first (the writer's EPIPE is then only its echo).
-    if (store_error) std::rethrow_exception(store_error);
-    if (write_error) std::rethrow_exception(write_error);
+            transfer::write_archive(transfer::Root::open(dir), ".", out, w);
+        },
+        [&](int in) {
+            BlobWriter blob = blobs_.writer_for_new();
+            std::vector<char> buf(1 << 20);
+            for (;;) {
+                const ssize_t n = check_sys("read", "the tar of " + dir,
+                                            [&] { return ::read(in, buf.data(), buf.size()); });
+                if (n == 0) break;
+                blob.write(buf.data(), static_cast<size_t>(n));
+            }
+            layer_size = blob.written();
+            layer_digest = blob.commit();
+        },
+        dir);
 
     ImageConfig config = defaults;
-    config.diff_ids = {*layer_digest};  // an uncompressed layer is its own diff_id
+    config.diff_ids = {layer_digest};  // an uncompressed layer is its own diff_id
     if (config.platform.os.empty()) config.platform = host_platform();
     json config_json = {{"architecture", config.platform.architecture},
                         {"os", config.platform.os},
@@ -306,14 +280,14 @@ Image ImageStore::import_rootfs_dir(const std::string& dir, const Reference& nam
                           {"Entrypoint", config.entrypoint},
                           {"WorkingDir", config.working_dir},
                           {"User", config.user}}},
-                        {"rootfs", {{"type", "layers"}, {"diff_ids", {layer_digest->str()}}}}};
+                        {"rootfs", {{"type", "layers"}, {"diff_ids", {layer_digest.str()}}}}};
     if (!config.created.empty()) config_json["created"] = config.created;
     const std::string config_text = config_json.dump();
     Manifest manifest{
         std::string(media::kOciManifest),
         {std::string(media::kOciConfig), blobs_.put_bytes(config_text), config_text.size(),
          std::nullopt},
-        {{{"application/vnd.oci.image.layer.v1.tar", *layer_digest, layer_size, std::nullopt},
+        {{{"application/vnd.oci.image.layer.v1.tar", layer_digest, layer_size, std::nullopt},
           Compression::none}}};
     const json manifest_json = {{"schemaVersion", 2},
                                 {"mediaType", media::kOciManifest},
@@ -324,7 +298,7 @@ Image ImageStore::import_rootfs_dir(const std::string& dir, const Reference& nam
                                 {"layers",
                                  {{{"mediaType", "application/vnd.oci.image.layer.v1.tar"},
                                    {"size", layer_size},
-                                   {"digest", layer_digest->str()}}}}};
+                                   {"digest", layer_digest.str()}}}}};
     return add_image(name, blobs_.put_bytes(manifest_json.dump()), manifest, config);
 }
 

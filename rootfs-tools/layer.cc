@@ -4,14 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <exception>
 #include <filesystem>
 #include <random>
-#include <thread>
 
 #include "base/error.h"
 #include "base/unique_fd.h"
 #include "rootfs-tools/decompress.h"
+#include "rootfs-tools/pipe_through.h"
 #include "transfer/archive.h"
 #include "transfer/root.h"
 
@@ -38,41 +37,20 @@ UnpackResult unpack_layer(int blob_fd, Compression compression, const std::strin
         }
     } cleanup{temp};
 
-    int ends[2];
-    if (::pipe2(ends, O_CLOEXEC) != 0) throw_sys("pipe2", dest);
-    UniqueFd read_end(ends[0]), write_end(ends[1]);
-    transfer::enlarge_pipe(read_end.get());
-
-    DecompressResult decompressed;
-    std::exception_ptr decompress_error;
-    std::thread producer([&, out = std::move(write_end)]() mutable {
-        try {
-            decompressed = decompress(blob_fd, compression, out.get(), dest);
-        } catch (...) {
-            decompress_error = std::current_exception();
-        }
-        out.reset();  // the extractor sees the end (or EOF mid-entry: truncated)
-    });
-
     transfer::ExtractOptions x;
     x.owners = transfer::ExtractOptions::Owners::from_archive;
     x.layer.enabled = true;
     x.layer.id_shift = options.id_shift;
     x.layer.devices = !options.rootless;
     x.layer.opaque_xattr = options.rootless ? "user.overlay.opaque" : "trusted.overlay.opaque";
+    DecompressResult decompressed;
     transfer::Summary summary;
-    std::exception_ptr extract_error;
-    try {
-        const transfer::Root root = transfer::Root::open(parent.string());
-        summary = transfer::extract_archive(read_end.get(), root, temp_name, x);
-    } catch (...) {
-        extract_error = std::current_exception();
-    }
-    read_end.reset();  // a producer still writing gets EPIPE and stops
-    producer.join();
-    // The decompressor's error explains the extractor's (a stream cut short) when both.
-    if (decompress_error) std::rethrow_exception(decompress_error);
-    if (extract_error) std::rethrow_exception(extract_error);
+    pipe_through([&](int out) { decompressed = decompress(blob_fd, compression, out, dest); },
+                 [&](int in) {
+                     summary = transfer::extract_archive(in, transfer::Root::open(parent.string()),
+                                                         temp_name, x);
+                 },
+                 dest);
     if (options.diff_id && decompressed.uncompressed_digest != *options.diff_id) {
         throw ManifestError(dest + ": the layer's tar hashes to " +
                             decompressed.uncompressed_digest.str() + ", its config says " +

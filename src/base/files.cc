@@ -23,6 +23,13 @@ std::string read_file(const std::string& path) {
     return out;
 }
 
+void write_all(int fd, std::string_view data, std::string_view what) {
+    while (!data.empty()) {
+        ssize_t n = check_sys("write", what, [&] { return ::write(fd, data.data(), data.size()); });
+        data.remove_prefix(static_cast<size_t>(n));
+    }
+}
+
 void write_file(const std::string& path, std::string_view data) {
     UniqueFd fd(
         check_sys("open", path, [&] { return ::open(path.c_str(), O_WRONLY | O_CLOEXEC); }));

@@ -9,6 +9,8 @@ namespace berth {
 std::string read_file(const std::string& path);
 // Writes `data` with one write(2) to an existing file (cgroup and /proc files want this).
 void write_file(const std::string& path, std::string_view data);
+// write(2) until all of `data` is written (EINTR retried); SysError naming `what`.
+void write_all(int fd, std::string_view data, std::string_view what);
 // Writes to `path` atomically: a temporary beside it, fsync-free rename over the target.
 void write_file_atomic(const std::string& path, std::string_view data, unsigned mode = 0644);
 // mkdir -p; existing directories are fine.

@@ -116,6 +116,10 @@ TEST_F(BlobStoreTest, AbandonedWriteLeavesNothing) {
     EXPECT_TRUE(stored_files().empty());
     // A named leftover of a crashed writer (filesystems without O_TMPFILE) is swept on open.
     std::ofstream(dir_ + "/ingest/ingest-0123456789abcdef") << "half";
+    // And a scratch directory of an import that died midway.
+    const std::string scratch = store.make_scratch_dir("docker-archive");
+    fs::create_directories(scratch + "/sub");
+    std::ofstream(scratch + "/sub/layer.tar") << "half";
     BlobStore again(dir_);
     EXPECT_TRUE(stored_files().empty());
 }

@@ -7,37 +7,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
+
+#include "tests/rootfs-tools/layers_fixture.h"
 
 namespace fs = std::filesystem;
 using namespace berth::images;
 
 namespace {
 
-class ImageStoreTest : public ::testing::Test {
-  protected:
-    void SetUp() override {
-        if (::geteuid() != 0) GTEST_SKIP() << "needs root (layer unpacking, mount)";
-        char tmpl[] = "/var/tmp/berth-image-store-test.XXXXXX";
-        ASSERT_NE(::mkdtemp(tmpl), nullptr);
-        dir_ = tmpl;
-        const std::string cmd =
-            "/usr/bin/python3 " + std::string(SOURCE_DIR) + "/make_layers.py " + dir_;
-        ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    }
-    void TearDown() override {
-        if (mounted_) ::umount2(mounted_->c_str(), MNT_DETACH);
-        if (!dir_.empty()) fs::remove_all(dir_);
-    }
-    std::string read(const std::string& path) {
-        std::ifstream in(path, std::ios::binary);
-        return std::string(std::istreambuf_iterator<char>(in), {});
-    }
-    std::string dir_;
-    std::optional<std::string> mounted_;
-};
+class ImageStoreTest : public berth::images::testing::LayersFixture {};
 
 }  // namespace
 
@@ -56,12 +36,7 @@ TEST_F(ImageStoreTest, ImportsAnOciLayoutOnceAndSharesItsLayers) {
 
     // The lowers, top first, give the image's files.
     const auto lowers = store.lower_dirs(im);
-    const std::string merged = dir_ + "/merged";
-    fs::create_directory(merged);
-    const std::string opts = "lowerdir=" + lowers[0] + ":" + lowers[1];
-    ASSERT_EQ(::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, opts.c_str()), 0)
-        << std::strerror(errno);
-    mounted_ = merged;
+    const std::string merged = mount_lowers(lowers);
     EXPECT_EQ(read(merged + "/etc/a"), "a2\n");
     EXPECT_FALSE(fs::exists(merged + "/etc/b"));
 

@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "base/unique_fd.h"
 #include "rootfs-tools/decompress.h"
+#include "tests/rootfs-tools/layers_fixture.h"
 
 namespace fs = std::filesystem;
 using namespace berth;
@@ -28,22 +29,8 @@ namespace {
 
 constexpr uint32_t kShift = 200000;
 
-class LayerTest : public ::testing::Test {
+class LayerTest : public berth::images::testing::LayersFixture {
   protected:
-    void SetUp() override {
-        if (::geteuid() != 0) GTEST_SKIP() << "needs root (mknod, trusted xattrs, mount)";
-        char tmpl[] = "/var/tmp/berth-layer-test.XXXXXX";
-        ASSERT_NE(::mkdtemp(tmpl), nullptr);
-        dir_ = tmpl;
-        const std::string cmd =
-            "/usr/bin/python3 " + std::string(SOURCE_DIR) + "/make_layers.py " + dir_;
-        ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    }
-    void TearDown() override {
-        if (mounted_) ::umount2(mounted_->c_str(), MNT_DETACH);
-        if (!dir_.empty()) fs::remove_all(dir_);
-    }
-
     UnpackResult unpack(const std::string& blob, Compression c, const std::string& dest,
                         std::optional<Digest> diff_id = {}) {
         UniqueFd fd(::open((dir_ + "/" + blob).c_str(), O_RDONLY | O_CLOEXEC));
@@ -52,10 +39,6 @@ class LayerTest : public ::testing::Test {
         o.id_shift = kShift;
         o.diff_id = diff_id;
         return unpack_layer(fd.get(), c, dir_ + "/" + dest, o);
-    }
-    std::string read(const std::string& path) {
-        std::ifstream in(path, std::ios::binary);
-        return std::string(std::istreambuf_iterator<char>(in), {});
     }
     struct stat lstat_of(const std::string& path) {
         struct stat st {};
@@ -67,9 +50,6 @@ class LayerTest : public ::testing::Test {
         ssize_t n = ::lgetxattr(path.c_str(), name, buf, sizeof buf);
         return n < 0 ? std::string("<none>") : std::string(buf, static_cast<size_t>(n));
     }
-
-    std::string dir_;
-    std::optional<std::string> mounted_;
 };
 
 }  // namespace
@@ -113,12 +93,7 @@ TEST_F(LayerTest, UnpacksIntoOverlayFormAndMountsToTheImage) {
     EXPECT_EQ(lstat_of(l2 + "/usr").st_mode & 07777, 0755u);
 
     // What a sandbox sees.
-    const std::string merged = dir_ + "/merged";
-    fs::create_directory(merged);
-    const std::string opts = "lowerdir=" + l2 + ":" + l1;
-    ASSERT_EQ(::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, opts.c_str()), 0)
-        << std::strerror(errno);
-    mounted_ = merged;
+    const std::string merged = mount_lowers({l2, l1});
     EXPECT_EQ(read(merged + "/etc/a"), "a2\n");
     EXPECT_FALSE(fs::exists(fs::symlink_status(merged + "/etc/b")));
     std::vector<std::string> data;
