@@ -195,6 +195,60 @@ UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string&
     return overlay;
 }
 
+UniqueFd make_layered_overlay(const std::vector<std::string>& lowers, const std::string& upper,
+                              const std::string& work, const std::string& staging_dir) {
+    if (lowers.empty()) throw std::invalid_argument("an overlay needs at least one lower layer");
+    for (const auto& dir : lowers) {
+        // overlayfs splits lowerdir on ':' and options on ','; a path with either (or an
+        // escape) would be read as something else.
+        if (dir.find_first_of(":,\\") != std::string::npos)
+            throw std::invalid_argument("layer path '" + dir + "' holds ':', ',' or '\\'");
+    }
+    // Kernels since 6.8 take the layers one at a time ("lowerdir+"), which has no length
+    // limit. Older ones take one "lowerdir=a:b:c" string, and fsconfig() cuts strings at 256
+    // bytes (two layer paths), so there the overlay is made with mount(2), whose option
+    // page holds ~40 layers, on the staging dir and then cloned off it.
+    UniqueFd fs(check_sys("fsopen", "overlay", [] { return ::fsopen("overlay", FSOPEN_CLOEXEC); }));
+    bool append_ok = true;
+    for (const auto& dir : lowers) {
+        if (::fsconfig(fs.get(), FSCONFIG_SET_STRING, "lowerdir+", dir.c_str(), 0) == 0) continue;
+        if (errno != EINVAL || &dir != &lowers.front()) throw_sys("fsconfig lowerdir+", dir);
+        append_ok = false;
+        break;
+    }
+    if (append_ok) {
+        const std::pair<const char*, const char*> opts[] = {{"upperdir", upper.c_str()},
+                                                            {"workdir", work.c_str()},
+                                                            {"index", "off"},
+                                                            {"metacopy", "off"}};
+        for (const auto& [key, value] : opts) {
+            check_sys("fsconfig", std::string("overlay ") + key,
+                      [&] { return ::fsconfig(fs.get(), FSCONFIG_SET_STRING, key, value, 0); });
+        }
+        // See make_overlay for why the upper layer is volatile.
+        ::fsconfig(fs.get(), FSCONFIG_SET_FLAG, "volatile", nullptr, 0);
+        check_sys("fsconfig create", "overlay",
+                  [&] { return ::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0); });
+        return UniqueFd(check_sys("fsmount", "overlay",
+                                  [&] { return ::fsmount(fs.get(), FSMOUNT_CLOEXEC, 0); }));
+    }
+    std::string data = "lowerdir=";
+    for (size_t i = 0; i < lowers.size(); ++i) data += (i ? ":" : "") + lowers[i];
+    data += ",upperdir=" + upper + ",workdir=" + work + ",index=off,metacopy=off,volatile";
+    if (data.size() >= 4096) {
+        throw std::invalid_argument("an image of " + std::to_string(lowers.size()) +
+                                    " layers is too deep for this kernel's overlay options "
+                                    "(Linux 6.8 or later has no such limit)");
+    }
+    check_sys("mount overlay", staging_dir,
+              [&] { return ::mount("overlay", staging_dir.c_str(), "overlay", 0, data.c_str()); });
+    UniqueFd tree(::open_tree(AT_FDCWD, staging_dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+    const int saved = errno;
+    ::umount2(staging_dir.c_str(), MNT_DETACH);
+    if (!tree) throw SysError("open_tree", staging_dir, saved);
+    return tree;
+}
+
 void enter_rootfs(int overlay_fd, const std::string& mountpoint) {
     // Nothing we mount may propagate back to the host.
     check_sys("mount", "/ (rslave)",

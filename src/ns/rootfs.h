@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "base/unique_fd.h"
 #include "ns/idmap.h"
@@ -27,6 +28,12 @@ UniqueFd make_idmapped_tree(const std::string& dir, int userns_fd);
 // is made (then detached again).
 UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string& work,
                       const std::string& staging_dir);
+
+// A detached overlay over several plain directories (an image's unpacked layers), `lowers`
+// top first. Their owners are already those of the sandbox's id range, so no id mapping is
+// needed. `staging_dir` is used only on kernels before 6.8 (see the .cc).
+UniqueFd make_layered_overlay(const std::vector<std::string>& lowers, const std::string& upper,
+                              const std::string& work, const std::string& staging_dir);
 
 // --- Sandbox side (root of the sandbox's user namespace, in its new mount namespace) ---
 

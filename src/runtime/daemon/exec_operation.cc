@@ -30,6 +30,8 @@ ExecOperation::ExecOperation(asio::io_context& io, std::shared_ptr<Session> sess
       sandbox_id_(sandbox.info.id()),
       init_socket_(sandbox.init_socket),
       workdir_(sandbox.info.workdir()),
+      image_env_(sandbox.info.image_config().env()),
+      image_user_(sandbox.info.image_config().user()),
       cgroup_(sandbox.cgroup.get()),
       dev_null_(dev_null),
       timer_(io) {}
@@ -73,9 +75,23 @@ void ExecOperation::start(const v1::Exec& request) {
     v1::init::ToSandbox spawn;
     auto* sp = spawn.mutable_spawn();
     *sp->mutable_argv() = request.argv();
-    *sp->mutable_env() = request.env();
+    // The image's Env under the exec's own: a variable the exec sets replaces the image's.
+    if (image_env_.empty()) {
+        *sp->mutable_env() = request.env();
+    } else {
+        auto key_of = [](const std::string& kv) {
+            return std::string_view(kv).substr(0, kv.find('='));
+        };
+        for (const auto& kv : image_env_) {
+            bool overridden = false;
+            for (const auto& mine : request.env())
+                if (key_of(mine) == key_of(kv)) overridden = true;
+            if (!overridden) sp->add_env(kv);
+        }
+        for (const auto& kv : request.env()) sp->add_env(kv);
+    }
     sp->set_cwd(in_workdir(workdir_, request.cwd()));
-    sp->set_user(request.user());
+    sp->set_user(request.user().empty() ? image_user_ : request.user());
     try {
         wire::write_frame(conn.get(), spawn,
                           {request.stdin() ? in_r.get() : dev_null_, out_w.get(), err_w.get()});

@@ -44,6 +44,9 @@ class ExecOperation : public std::enable_shared_from_this<ExecOperation> {
     std::string sandbox_id_;
     std::string init_socket_;
     std::string workdir_;  // relative cwds start here
+    // The image's settings an exec inherits unless it says otherwise.
+    google::protobuf::RepeatedPtrField<std::string> image_env_;
+    std::string image_user_;
     cgroup::Cgroup* cgroup_;
     int dev_null_;
     std::shared_ptr<FramedSocket> init_;

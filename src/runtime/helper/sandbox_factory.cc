@@ -222,13 +222,31 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     if (!valid_hostname(req.hostname()))
         throw HelperError(kInvalidArgument, "invalid hostname '" + req.hostname() + "'");
     const std::string& rootfs = req.rootfs();
+    std::vector<std::string> layer_dirs;
     struct stat st;
-    if (rootfs.empty() || rootfs[0] != '/' || rootfs.find("/../") != std::string::npos)
-        throw HelperError(kInvalidArgument, "rootfs must be an absolute path: '" + rootfs + "'");
-    if (::stat(rootfs.c_str(), &st) != 0)
-        throw HelperError(kNotFound, "rootfs '" + rootfs + "': " + std::strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        throw HelperError(kInvalidArgument, "rootfs '" + rootfs + "' is not a directory");
+    if (!rootfs.empty() && req.layers_size() > 0)
+        throw HelperError(kInvalidArgument,
+                          "a sandbox is made from a rootfs or from layers, not both");
+    if (req.layers_size() > 0) {
+        for (const auto& layer : req.layers()) {
+            if (layer.size() != 64 ||
+                layer.find_first_not_of("0123456789abcdef") != std::string::npos)
+                throw HelperError(kInvalidArgument, "invalid layer name '" + layer + "'");
+            layer_dirs.push_back(config_.state_dir + "/images/layers/" + layer);
+            if (::stat(layer_dirs.back().c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+                throw HelperError(kNotFound, "layer " + layer + " is not in the image store (" +
+                                                 layer_dirs.back() + ": " + std::strerror(errno) +
+                                                 ")");
+        }
+    } else {
+        if (rootfs.empty() || rootfs[0] != '/' || rootfs.find("/../") != std::string::npos)
+            throw HelperError(kInvalidArgument,
+                              "rootfs must be an absolute path: '" + rootfs + "'");
+        if (::stat(rootfs.c_str(), &st) != 0)
+            throw HelperError(kNotFound, "rootfs '" + rootfs + "': " + std::strerror(errno));
+        if (!S_ISDIR(st.st_mode))
+            throw HelperError(kInvalidArgument, "rootfs '" + rootfs + "' is not a directory");
+    }
 
     const std::string run = sandbox_runtime_dir(id), state = sandbox_state_dir(id);
     if (live_.count(id) || ::access(run.c_str(), F_OK) == 0)
@@ -279,9 +297,13 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     const std::string socket_path = run + "/init.sock";
     UniqueFd control = listen_unix(socket_path, config_.daemon_uid, config_.daemon_gid);
     timer.mark("socket");
-    UniqueFd lower = ns::make_idmapped_tree(rootfs, template_userns_.get());
-    UniqueFd overlay = ns::make_overlay(lower.get(), upper, work, run + "/rootfs");
-    lower.reset();
+    UniqueFd overlay;
+    if (!layer_dirs.empty()) {
+        overlay = ns::make_layered_overlay(layer_dirs, upper, work, run + "/rootfs");
+    } else {
+        UniqueFd lower = ns::make_idmapped_tree(rootfs, template_userns_.get());
+        overlay = ns::make_overlay(lower.get(), upper, work, run + "/rootfs");
+    }
 
     int go[2], ready[2];
     check_sys("pipe2", "go", [&] { return ::pipe2(go, O_CLOEXEC); });
@@ -380,6 +402,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         {"cgroup_driver", driver_->version() == cgroup::Version::v2 ? "v2" : "v1"},
         {"host_root_uid", root_uid},
         {"rootfs", rootfs},
+        {"layers", std::vector<std::string>(req.layers().begin(), req.layers().end())},
         {"hostname", req.hostname()},
     };
     // Written after the reply is sent (run_deferred): it is only read by a daemon that
