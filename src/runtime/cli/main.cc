@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "base/files.h"
 #include "cgroup/cgroup.h"
@@ -51,12 +52,13 @@ std::string to_json(const google::protobuf::Message& msg) {
 }
 
 struct CreateOptions {
-    std::string rootfs, name, hostname, memory, workdir;
+    std::string image, rootfs, name, hostname, memory, workdir;
     double cpus = 0;
     uint64_t pids = 0;
     void add_to(CLI::App* cmd) {
-        cmd->add_option("--rootfs", rootfs, "root filesystem directory (the overlay's lower layer)")
-            ->required();
+        cmd->add_option("--rootfs", rootfs,
+                        "a root filesystem directory instead of an image (the overlay's lower "
+                        "layer; for tests and tools)");
         cmd->add_option("--name", name, "a unique name");
         cmd->add_option("--hostname", hostname,
                         "hostname inside (default: the id's first 12 chars)");
@@ -64,12 +66,23 @@ struct CreateOptions {
         cmd->add_option("--cpus", cpus, "cpu limit, fractional allowed");
         cmd->add_option("--pids", pids, "process limit (default 4096)");
         cmd->add_option("--sandbox-workdir", workdir,
-                        "where relative exec cwds and copy paths start (default /)");
+                        "where relative exec cwds and copy paths start (default: the image's "
+                        "WorkingDir, else /)");
+    }
+    void check() const {
+        if (image.empty() == rootfs.empty())
+            throw std::invalid_argument(image.empty() ? "give an IMAGE (or --rootfs DIR)"
+                                                      : "give an IMAGE or --rootfs DIR, not both");
     }
     v1::CreateSandbox request(bool persistent) const {
+        check();
         v1::CreateSandbox c;
-        char resolved[PATH_MAX];
-        c.set_rootfs(::realpath(rootfs.c_str(), resolved) ? resolved : rootfs);
+        if (!image.empty()) {
+            c.set_image(image);
+        } else {
+            char resolved[PATH_MAX];
+            c.set_rootfs(::realpath(rootfs.c_str(), resolved) ? resolved : rootfs);
+        }
         c.set_name(name);
         c.set_hostname(hostname);
         c.set_persistent(persistent);
@@ -80,6 +93,34 @@ struct CreateOptions {
         return c;
     }
 };
+
+// What `berth run` runs, as docker does: the image's Entrypoint followed by the command
+// given, or by the image's Cmd when none is. `--entrypoint` replaces the image's (and
+// an empty one drops it, the Cmd then runs alone).
+std::vector<std::string> run_argv(const v1::SandboxInfo& sandbox,
+                                  const std::vector<std::string>& command,
+                                  const std::optional<std::string>& entrypoint) {
+    std::vector<std::string> argv;
+    if (entrypoint) {
+        if (!entrypoint->empty()) argv.push_back(*entrypoint);
+    } else {
+        argv.assign(sandbox.image_config().entrypoint().begin(),
+                    sandbox.image_config().entrypoint().end());
+    }
+    if (!command.empty()) {
+        argv.insert(argv.end(), command.begin(), command.end());
+    } else if (!entrypoint) {
+        argv.insert(argv.end(), sandbox.image_config().cmd().begin(),
+                    sandbox.image_config().cmd().end());
+    }
+    if (argv.empty()) {
+        throw std::invalid_argument(sandbox.image().empty()
+                                        ? "give a command to run"
+                                        : "image " + sandbox.image() +
+                                              " has no Entrypoint or Cmd: give a command to run");
+    }
+    return argv;
+}
 
 struct ExecOptions {
     std::string user, workdir;
@@ -190,8 +231,9 @@ int main(int argc, char** argv) {
     app.add_option("-H,--socket", socket, "berthd's socket (env BERTH_SOCKET)");
 
     CreateOptions create_opts;
-    auto* create = app.add_subcommand("create", "create a sandbox; prints its id");
+    auto* create = app.add_subcommand("create", "create a sandbox from an image; prints its id");
     create_opts.add_to(create);
+    create->add_option("image", create_opts.image, "image reference (see berth images)");
 
     ExecOptions exec_opts;
     std::string exec_target;
@@ -203,12 +245,18 @@ int main(int argc, char** argv) {
     CreateOptions run_create;
     ExecOptions run_exec_opts;
     bool run_rm = false;
-    auto* run = app.add_subcommand("run", "create a sandbox and run a command in it");
+    std::optional<std::string> run_entrypoint;
+    auto* run = app.add_subcommand(
+        "run",
+        "create a sandbox from an image and run a command in it (default: the image's "
+        "Entrypoint and Cmd)");
     run_create.add_to(run);
     run_exec_opts.add_to(run);
     run->add_flag("--rm", run_rm, "delete the sandbox when the command ends");
-    run->add_option("command", run_exec_opts.command, "command and arguments (after --)")
-        ->required();
+    run->add_option("--entrypoint", run_entrypoint,
+                    "replaces the image's Entrypoint (\"\" drops it)");
+    run->add_option("image", run_create.image, "image reference (omit with --rootfs)");
+    run->add_option("command", run_exec_opts.command, "command and arguments (after --)");
 
     bool ps_json = false, ps_quiet = false;
     auto* ps = app.add_subcommand("ps", "list sandboxes");
@@ -274,6 +322,9 @@ int main(int argc, char** argv) {
         }
         Client c(socket);
         if (create->parsed()) {
+            // With --rootfs, what CLI11 took for the image is not one.
+            if (!create_opts.rootfs.empty() && !create_opts.image.empty())
+                throw std::invalid_argument("give an IMAGE or --rootfs DIR, not both");
             v1::ClientMessage m;
             *m.mutable_create() = create_opts.request(true);
             std::cout << c.call(m).create().sandbox().id() << std::endl;
@@ -286,14 +337,24 @@ int main(int argc, char** argv) {
         if (exec->parsed())
             return run_exec(c, exec_opts.request(exec_target), exec_opts.interactive);
         if (run->parsed()) {
+            // `berth run --rootfs DIR -- cmd args`: the first word was taken for an image.
+            if (!run_create.rootfs.empty() && !run_create.image.empty()) {
+                run_exec_opts.command.insert(run_exec_opts.command.begin(), run_create.image);
+                run_create.image.clear();
+            }
             v1::ClientMessage m;
             // With --rm the sandbox lives on this connection's lease: if we die, it goes too.
             *m.mutable_create() = run_create.request(!run_rm);
-            std::string id = c.call(m).create().sandbox().id();
+            const v1::SandboxInfo sandbox = c.call(m).create().sandbox();
+            const std::string id = sandbox.id();
             int code;
             try {
-                code = run_exec(c, run_exec_opts.request(id), run_exec_opts.interactive);
-            } catch (const ClientError&) {
+                v1::Exec request = run_exec_opts.request(id);
+                request.clear_argv();
+                for (auto& a : run_argv(sandbox, run_exec_opts.command, run_entrypoint))
+                    request.add_argv(a);
+                code = run_exec(c, request, run_exec_opts.interactive);
+            } catch (const std::exception&) {
                 // The command could not start: --rm still means gone.
                 if (run_rm) {
                     try {
@@ -318,11 +379,12 @@ int main(int argc, char** argv) {
             } else if (ps_quiet) {
                 for (const auto& s : list.sandboxes()) std::cout << s.id() << "\n";
             } else {
-                std::printf("%-14s %-20s %-8s %-8s %s\n", "ID", "NAME", "PID", "STATE", "ROOTFS");
+                std::printf("%-14s %-20s %-8s %-8s %s\n", "ID", "NAME", "PID", "STATE",
+                            "IMAGE/ROOTFS");
                 for (const auto& s : list.sandboxes()) {
                     std::printf("%-14s %-20s %-8d %-8s %s\n", s.id().substr(0, 12).c_str(),
                                 s.name().c_str(), s.init_pid(), s.state().c_str(),
-                                s.rootfs().c_str());
+                                (s.image().empty() ? s.rootfs() : s.image()).c_str());
                 }
             }
             return 0;

@@ -140,6 +140,9 @@ std::vector<SandboxRegistry::Found> SandboxRegistry::scan() const {
                 *found.info.mutable_resources() = meta.resources();
                 found.info.set_created_unix_ms(meta.created_unix_ms());
                 found.info.set_workdir(meta.workdir());
+                found.info.set_image(meta.image());
+                found.info.set_image_digest(meta.image_digest());
+                *found.info.mutable_image_config() = meta.image_config();
             }
         } catch (const std::exception&) {
             // No daemon metadata: the daemon died between the helper's create and its save.

@@ -276,8 +276,11 @@ void Server::handle_hello(const std::shared_ptr<Session>& session, uint64_t id,
 
 void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
                            const v1::CreateSandbox& req) {
-    if (req.rootfs().empty()) {
-        session->send_error(id, v1::INVALID_ARGUMENT, "rootfs: a directory is required");
+    if (req.rootfs().empty() == req.image().empty()) {
+        session->send_error(id, v1::INVALID_ARGUMENT,
+                            req.image().empty()
+                                ? "image: an image reference is required (or a rootfs directory)"
+                                : "give an image or a rootfs directory, not both");
         return;
     }
     if (!req.name().empty() && !valid_name(req.name())) {
@@ -306,23 +309,68 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
                             "workdir must be an absolute path in the sandbox");
         return;
     }
+    // Held from here on, so that a second create of the name fails while this one waits.
+    if (!req.name().empty()) pending_names_.insert(req.name());
+    std::weak_ptr<Session> weak = session;
+    if (req.rootfs().empty()) {
+        if (!resolve_image_) {
+            pending_names_.erase(req.name());
+            session->send_error(id, v1::UNAVAILABLE, "this daemon has no image store");
+            return;
+        }
+        resolve_image_(req.image(), [this, weak, session_id = session->id, id, req](
+                                        v1::ErrorCode code, const std::string& error,
+                                        const ResolvedImage& image) {
+            if (code != v1::ERROR_CODE_UNSPECIFIED) {
+                pending_names_.erase(req.name());
+                if (auto session = weak.lock()) session->send_error(id, code, error);
+                return;
+            }
+            create_sandbox(weak, session_id, id, req, &image);
+        });
+        return;
+    }
+    create_sandbox(weak, session->id, id, req, nullptr);
+}
+
+void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session_id, uint64_t id,
+                            const v1::CreateSandbox& req, const ResolvedImage* image) {
+    const auto& r = req.resources();
     const std::string sandbox_id = new_sandbox_id();
     std::string hostname = req.hostname().empty() ? sandbox_id.substr(0, 12) : req.hostname();
 
     v1::helper::Request hreq;
     auto* c = hreq.mutable_create();
     c->set_id(sandbox_id);
-    c->set_rootfs(req.rootfs());
+    if (image) {
+        for (const auto& layer : image->layers) c->add_layers(layer);
+    } else {
+        c->set_rootfs(req.rootfs());
+    }
     c->set_hostname(hostname);
     c->mutable_limits()->set_memory_bytes(r.memory_bytes());
     c->mutable_limits()->set_cpus(r.cpus());
     c->mutable_limits()->set_pids(r.pids() ? r.pids() : kDefaultPids);
-    if (!req.name().empty()) pending_names_.insert(req.name());
 
-    std::weak_ptr<Session> weak = session;
-    const uint64_t session_id = session->id;
-    helper_.call(std::move(hreq), [this, weak, session_id, id, req, sandbox_id,
-                                   hostname](const v1::helper::Reply& reply) {
+    v1::SandboxInfo info;
+    info.set_id(sandbox_id);
+    info.set_name(req.name());
+    info.set_rootfs(req.rootfs());
+    info.set_hostname(hostname);
+    std::string workdir = req.workdir();
+    if (image) {
+        info.set_image(image->name);
+        info.set_image_digest(image->manifest_digest);
+        *info.mutable_image_config() = image->config;
+        if (workdir.empty()) workdir = image->config.working_dir();
+    }
+    info.set_workdir(workdir.empty() ? "/" : workdir);
+    *info.mutable_resources() = req.resources();
+    if (!info.resources().pids()) info.mutable_resources()->set_pids(kDefaultPids);
+    info.set_persistent(req.persistent());
+
+    helper_.call(std::move(hreq), [this, weak, session_id, id, req,
+                                   info = std::move(info)](const v1::helper::Reply& reply) mutable {
         pending_names_.erase(req.name());
         auto session = weak.lock();
         if (!reply.error().empty()) {
@@ -331,15 +379,6 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
             return;
         }
         const auto& created = reply.created();
-        v1::SandboxInfo info;
-        info.set_id(sandbox_id);
-        info.set_name(req.name());
-        info.set_rootfs(req.rootfs());
-        info.set_hostname(hostname);
-        info.set_workdir(req.workdir().empty() ? "/" : req.workdir());
-        *info.mutable_resources() = req.resources();
-        if (!info.resources().pids()) info.mutable_resources()->set_pids(kDefaultPids);
-        info.set_persistent(req.persistent());
         info.set_created_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
                                      std::chrono::system_clock::now().time_since_epoch())
                                      .count());
@@ -348,7 +387,9 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
         *info.mutable_cgroup_paths() = created.cgroup_paths();
         info.set_cgroup_driver(config_.cgroup_driver);
         info.set_host_root_uid(created.host_root_uid());
-        Sandbox& sandbox = registry_.add(info, created.init_socket(), created.init_start_time());
+        const std::string sandbox_id = info.id();
+        Sandbox& sandbox =
+            registry_.add(std::move(info), created.init_socket(), created.init_start_time());
         if (session && sessions_.count(session_id)) {
             sandbox.owner_session = session_id;
         } else if (!req.persistent()) {

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <boost/asio.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "berth.pb.h"
 #include "runtime/daemon/framed_socket.h"
@@ -27,6 +29,20 @@ struct ServerConfig {
     std::string allowed_group_name = "berth";
     std::string cgroup_driver;  // "v1" | "v2", as the helper reported
 };
+
+// An image reference resolved for a create: the name it has in the store, the manifest it
+// points at, its layers (diff_id hex, top first) and its run settings.
+struct ResolvedImage {
+    std::string name;
+    std::string manifest_digest;
+    std::vector<std::string> layers;
+    v1::ImageRunConfig config;
+};
+// Resolves a reference asynchronously; `done` gets ERROR_CODE_UNSPECIFIED on success, else
+// the code and a message that names the reference. Called on the io thread.
+using ImageResolver = std::function<void(
+    const std::string& reference,
+    std::function<void(v1::ErrorCode, const std::string&, const ResolvedImage&)> done)>;
 
 // One client connection.
 class Session : public std::enable_shared_from_this<Session> {
@@ -50,6 +66,8 @@ class Server {
     // Binds the client socket, reattaches to existing sandboxes and starts serving.
     void start();
     void stop();
+    // How creates from an image find it (the image service); without one they fail.
+    void set_image_resolver(ImageResolver resolver) { resolve_image_ = std::move(resolver); }
 
   private:
     void accept_next();
@@ -62,6 +80,9 @@ class Server {
     void handle_exec(const std::shared_ptr<Session>&, uint64_t id, const v1::Exec&);
     void handle_file_op(const std::shared_ptr<Session>&, const v1::ClientMessage&,
                         std::vector<UniqueFd> fds);
+    // The part of a create after its image (if any) is resolved.
+    void create_sandbox(const std::weak_ptr<Session>& session, uint64_t session_id, uint64_t id,
+                        const v1::CreateSandbox& req, const ResolvedImage* image);
     void handle_delete(const std::shared_ptr<Session>&, uint64_t id, const v1::DeleteSandbox&);
     void handle_list(const std::shared_ptr<Session>&, uint64_t id);
     void handle_inspect(const std::shared_ptr<Session>&, uint64_t id, const v1::InspectSandbox&);
@@ -92,6 +113,7 @@ class Server {
     uint64_t next_session_ = 1;
     std::set<std::string> pending_names_;
     int dev_null_ = -1;
+    ImageResolver resolve_image_;
 };
 
 }  // namespace berth::daemon
