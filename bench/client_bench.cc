@@ -30,14 +30,17 @@ double ms_since(Clock::time_point t) {
 }
 
 struct Config {
-    std::string socket, rootfs, copy_file, out_dir, expect_stdout;
+    std::string socket, rootfs, image, copy_file, out_dir, expect_stdout;
     std::vector<std::string> command{"true"};
     int execs_per_trial = 20;
 };
 
 std::string create(client::Client& c, const Config& cfg) {
     v1::ClientMessage m;
-    m.mutable_create()->set_rootfs(cfg.rootfs);
+    if (cfg.image.empty())
+        m.mutable_create()->set_rootfs(cfg.rootfs);
+    else
+        m.mutable_create()->set_image(cfg.image);
     return c.call(m).create().sandbox().id();
 }
 
@@ -112,7 +115,9 @@ int main(int argc, char** argv) {
     std::string workload;
     int iterations = 20, warmup = 2, parallel = 1;
     app.add_option("--socket", cfg.socket)->required();
-    app.add_option("--rootfs", cfg.rootfs)->required();
+    auto* rootfs = app.add_option("--rootfs", cfg.rootfs, "sandboxes from this directory");
+    auto* image = app.add_option("--image", cfg.image, "sandboxes from this image");
+    rootfs->excludes(image);
     app.add_option("--workload", workload)
         ->required()
         ->check(CLI::IsMember({"cold", "exec", "trial"}));
@@ -124,6 +129,10 @@ int main(int argc, char** argv) {
     app.add_option("--expect", cfg.expect_stdout, "the command's expected stdout (exec)");
     app.add_option("command", cfg.command, "command for exec (after --)");
     CLI11_PARSE(app, argc, argv);
+    if (cfg.rootfs.empty() && cfg.image.empty()) {
+        std::cerr << "client_bench: give --rootfs DIR or --image REF" << std::endl;
+        return 2;
+    }
 
     nlohmann::json result{{"samples_ms", nlohmann::json::array()},
                           {"failures", 0},
