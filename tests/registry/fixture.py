@@ -645,17 +645,18 @@ def read_listing(path) -> dict:
 
 
 # Run inside a sandbox (as root, with `sh -c`), it prints what parse_sandbox_listing reads.
-# Works with busybox (find, stat, sha256sum, readlink applets) and with Debian's
-# findutils+coreutils. Stays on the root filesystem (-xdev): mount points are listed, their
-# contents are not. Paths must not contain newlines or tabs (the fixture's images have none).
+# Works with busybox (find, stat, sha256sum applets) and with Debian's findutils+coreutils,
+# and forks a handful of processes, not one per file. Stays on the root filesystem (-xdev):
+# mount points are listed, their contents are not. Paths must not contain newlines, and
+# symlinks' names must not contain " -> " or quotes (the fixture's images have none).
 SANDBOX_LISTING_SH = r"""
-LC_ALL=C; export LC_ALL
+LC_ALL=C; QUOTING_STYLE=literal; export LC_ALL QUOTING_STYLE
 echo '#stat'
 find / -xdev -exec stat -c '%i %f %u %g %s %h %Y %t %T %n' {} +
 echo '#sha256'
 find / -xdev -type f -exec sha256sum {} +
 echo '#links'
-find / -xdev -type l -exec sh -c 'for p in "$@"; do printf "%s\t%s\n" "$p" "$(readlink "$p")"; done' sh {} +
+find / -xdev -type l -exec stat -c '%N' {} +
 echo '#end'
 """
 
@@ -689,7 +690,11 @@ def parse_sandbox_listing(text: str) -> dict:
             digest, path = line[:64], line[66:]
             shas[path] = digest
         elif section == "#links":
-            path, _, target = line.partition("\t")
+            # coreutils (QUOTING_STYLE=literal): PATH -> TARGET; busybox: 'PATH' -> 'TARGET'
+            if line.startswith("'") and line.endswith("'") and "' -> '" in line:
+                path, _, target = line[1:-1].partition("' -> '")
+            else:
+                path, _, target = line.partition(" -> ")
             links[path] = target
     if not ended:
         raise ValueError("the listing output is incomplete (no #end marker)")
@@ -1343,9 +1348,11 @@ class CuttingProxy:
         self.match = match.encode() if isinstance(match, str) else match
         self.mode = mode
         self.log_path = Path(log_path) if log_path else None
-        self.requests = []
+        self._records = []
+        self._inflight = 0
         self.cuts = 0
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
         self._conns = set()
         self._stopping = threading.Event()
         self._conn_seq = 0
@@ -1361,6 +1368,15 @@ class CuttingProxy:
     @property
     def host(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def requests(self) -> list:
+        """The requests seen so far (copies). A client can have read a whole response a
+        moment before the proxy notes how many bytes it forwarded: this waits (up to 5 s)
+        until no response is being forwarded."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._inflight == 0, timeout=5)
+            return [{k: v for k, v in r.items() if k != "_done"} for r in self._records]
 
     def __enter__(self):
         return self
@@ -1393,10 +1409,22 @@ class CuttingProxy:
                 n = self._conn_seq
             threading.Thread(target=self._serve, args=(client, n), daemon=True).start()
 
-    def _record(self, rec, final=False):
-        if final and self.log_path:
-            with self._lock, open(self.log_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+    def _begin(self, rec):
+        with self._lock:
+            self._records.append(rec)
+            self._inflight += 1
+
+    def _finish(self, rec):
+        """A request's record is complete (forwarded, cut, or its connection died)."""
+        with self._lock:
+            if rec.get("_done"):
+                return
+            rec["_done"] = True
+            self._inflight -= 1
+            self._idle.notify_all()
+            if self.log_path:
+                with open(self.log_path, "a") as f:
+                    f.write(json.dumps({k: v for k, v in rec.items() if k != "_done"}) + "\n")
 
     def _take_cut(self) -> bool:
         with self._lock:
@@ -1418,6 +1446,7 @@ class CuttingProxy:
             self._conns.update((client, up))
         cbuf = _Buf(client)
         ubuf = _Buf(up)
+        rec = None
         try:
             while not self._stopping.is_set():
                 head = cbuf.read_head()
@@ -1435,8 +1464,7 @@ class CuttingProxy:
                 rec = {"conn": conn_no, "method": method, "path": target,
                        "range": hmap.get("range"), "status": None, "body_bytes": 0,
                        "cut": False}
-                with self._lock:
-                    self.requests.append(rec)
+                self._begin(rec)
                 up.sendall(_build_head(reqline, headers) + body)
                 while True:  # 1xx answers are forwarded and the real one follows
                     rhead = ubuf.read_head()
@@ -1462,14 +1490,13 @@ class CuttingProxy:
                        and self._take_cut())
                 client.sendall(rhead)
                 limit = self.cut_after if cut else None
-                sent = self._forward_body(ubuf, client, length, limit)
-                rec["body_bytes"] = sent
+                self._forward_body(ubuf, client, length, limit, rec)
                 if cut:
                     rec["cut"] = True
-                    self._record(rec, final=True)
+                    self._finish(rec)
                     self._cut(client, up)
                     return
-                self._record(rec, final=True)
+                self._finish(rec)
                 conn_hdr = (rmap.get("connection", "") + "," +
                             hmap.get("connection", "")).lower()
                 if length == "close" or "close" in conn_hdr:
@@ -1477,14 +1504,17 @@ class CuttingProxy:
         except (OSError, ConnectionError, ValueError):
             return
         finally:
+            if rec is not None:
+                self._finish(rec)
             with self._lock:
                 self._conns.difference_update((client, up))
             for s in (client, up):
                 with contextlib.suppress(OSError):
                     s.close()
 
-    def _forward_body(self, ubuf, client, length, limit) -> int:
-        """Forwards a response body (all of it, or `limit` bytes); returns bytes sent."""
+    def _forward_body(self, ubuf, client, length, limit, rec) -> int:
+        """Forwards a response body (all of it, or `limit` bytes), counting the bytes sent
+        in rec["body_bytes"] as it goes; returns that count."""
         sent = 0
 
         def send(data):
@@ -1494,6 +1524,7 @@ class CuttingProxy:
             if data:
                 client.sendall(data)
                 sent += len(data)
+                rec["body_bytes"] = sent
             return limit is not None and sent >= limit
 
         if length == "chunked":
@@ -1558,6 +1589,10 @@ class _Buf:
 
     def read_head(self):
         while b"\r\n\r\n" not in self.buf:
+            if self.buf[:1] == b"\x16":
+                # A TLS ClientHello (skopeo tries https first, then http): hang up at once,
+                # as docker-registry's plain HTTP server does, rather than wait for a head.
+                raise ConnectionError("TLS on a plain HTTP port")
             if len(self.buf) > 1 << 20:
                 raise ValueError("HTTP head too long")
             if not self._fill():
