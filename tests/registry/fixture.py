@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import dataclasses
 import fcntl
+import functools
 import gzip
 import hashlib
 import http.server
@@ -130,6 +131,7 @@ def _die_with_parent():
         pass
 
 
+@functools.lru_cache(maxsize=None)
 def _tool_version(tool) -> str:
     try:
         return subprocess.run([tool, "--version"], capture_output=True, text=True,
@@ -537,7 +539,8 @@ def push_oci_layout(layout_dir, tag, registry, repo, repo_tag, *, all_platforms=
 
 # ----------------------------------------------------------------------------- listings
 
-LISTING_HEADER = "# berth-test listing v1: path type mode uid gid size sha256 target link_group mtime"
+LISTING_HEADER = ("# berth-test listing v1: "
+                  "path type mode uid gid size sha256 target link_group mtime")
 LISTING_FIELDS = ("type", "mode", "uid", "gid", "size", "sha256", "target", "link_group",
                   "mtime")
 # What compare_listings checks unless told otherwise: everything but mtime.
