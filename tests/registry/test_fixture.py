@@ -72,6 +72,8 @@ def open_registry(tmp_path_factory, busybox):
         reg.pushed = {"busybox": fx.push_oci_layout(busybox.layout, "latest", reg,
                                                     "t/busybox", "latest")}
         yield reg
+    # pytest keeps the last three runs' temp dirs: not with 200 MB of Debian blobs in them.
+    shutil.rmtree(reg.root, ignore_errors=True)
 
 
 def skopeo(*args, check=True):
