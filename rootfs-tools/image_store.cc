@@ -72,7 +72,8 @@ void ImageStore::ensure_layer(const Layer& layer, const Digest& diff_id) {
         unpack_layer(blob.get(), layer.compression, dest, o);
     } catch (const SysError& e) {
         // Another import unpacked the same layer meanwhile: the same bytes, by its name.
-        if (e.code() != EEXIST) throw;
+        // (unpack_layer renames without replacing, and has removed its own copy.)
+        if (e.code() != EEXIST && e.code() != ENOTEMPTY) throw;
     }
 }
 
@@ -139,7 +140,9 @@ Image ImageStore::add_image(const Reference& name, const Digest& manifest_digest
                             std::to_string(config.diff_ids.size()));
     }
     Image image;
-    image.name = name.name() + ":" + (name.tag ? *name.tag : std::string("latest"));
+    image.name = name.tag      ? name.name() + ":" + *name.tag
+                 : name.digest ? name.name() + "@" + name.digest->str()
+                               : name.name() + ":latest";
     image.manifest = manifest_digest;
     image.config = manifest.config.digest;
     image.created = config.created;
@@ -320,19 +323,36 @@ void ImageStore::export_oci_layout(const Image& image, const std::string& dir,
             if (n == 0) break;
         }
     };
-    const std::string manifest_text = read_file(blobs_.path(image.manifest));
+    // A pulled multi-platform image is recorded by its index: the layout gets the manifest
+    // of the platform that was pulled (the one whose config is the image's).
+    Digest manifest_digest = image.manifest;
+    std::string manifest_text = read_file(blobs_.path(manifest_digest));
     auto doc = parse_manifest_or_index(manifest_text);
+    if (const Index* index = std::get_if<Index>(&doc)) {
+        for (const auto& d : index->manifests) {
+            if (!blobs_.has(d.digest)) continue;
+            std::string text = read_file(blobs_.path(d.digest));
+            auto m = parse_manifest_or_index(text, d.media_type);
+            if (std::holds_alternative<Manifest>(m) &&
+                std::get<Manifest>(m).config.digest == image.config) {
+                manifest_digest = d.digest;
+                manifest_text = std::move(text);
+                doc = std::move(m);
+                break;
+            }
+        }
+    }
     if (!std::holds_alternative<Manifest>(doc))
         throw ManifestError(image.name + ": its manifest blob is not a manifest");
     const Manifest& manifest = std::get<Manifest>(doc);
-    put(image.manifest);
+    put(manifest_digest);
     put(manifest.config.digest);
     for (const auto& l : manifest.layers) put(l.blob.digest);
     const json index = {{"schemaVersion", 2},
                         {"mediaType", media::kOciIndex},
                         {"manifests",
                          {{{"mediaType", manifest.media_type},
-                           {"digest", image.manifest.str()},
+                           {"digest", manifest_digest.str()},
                            {"size", manifest_text.size()},
                            {"annotations", {{"org.opencontainers.image.ref.name", tag}}}}}}};
     write_file_atomic(dir + "/index.json", index.dump() + "\n");
@@ -363,9 +383,11 @@ std::vector<Image> ImageStore::list() const {
 
 std::optional<Image> ImageStore::find(const Reference& ref) const {
     for (auto& im : list()) {
-        if (ref.digest ? im.manifest == *ref.digest && im.name.rfind(ref.name() + ":", 0) == 0
-                       : im.name == ref.name() + ":" + ref.tag.value_or("latest"))
-            return im;
+        const bool found = ref.digest ? im.manifest == *ref.digest &&
+                                            (im.name.rfind(ref.name() + ":", 0) == 0 ||
+                                             im.name == ref.name() + "@" + ref.digest->str())
+                                      : im.name == ref.name() + ":" + ref.tag.value_or("latest");
+        if (found) return im;
     }
     return std::nullopt;
 }

@@ -59,13 +59,19 @@ class ImageStore {
 
     BlobStore& blobs() { return blobs_; }
 
-  private:
-    // Unpacks the layer blob `blob` unless layers/<diff_id> exists.
+    // Unpacks the layer's blob unless layers/<diff_id> exists. Safe when several threads or
+    // processes unpack the same layer: each into a temporary directory, the first rename
+    // wins and the others discard theirs.
     void ensure_layer(const Layer& layer, const Digest& diff_id);
-    void record(const Image& image);
-    // Unpacks what is missing and records `name` (the blobs are in the store already).
+    // Unpacks what is missing and records the image under `name`: name:tag, or name@digest
+    // for a reference with a digest and no tag (a pull by digest). The blobs must be in the
+    // store already. `manifest_digest` may be an index's (what a registry resolved the name
+    // to); `manifest` is then the platform's manifest in it.
     Image add_image(const Reference& name, const Digest& manifest_digest, const Manifest& manifest,
                     const ImageConfig& config);
+
+  private:
+    void record(const Image& image);
 
     std::string root_;
     uint32_t id_shift_;

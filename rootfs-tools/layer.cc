@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <random>
 
@@ -59,7 +60,13 @@ UnpackResult unpack_layer(int blob_fd, Compression compression, const std::strin
     // The temporary directory itself got the tar's "." mode (or 0700): a lower layer's
     // root is the sandbox's /, readable by all.
     if (::chmod(temp.c_str(), 0755) != 0) throw_sys("chmod", temp);
-    if (::rename(temp.c_str(), dest.c_str()) != 0) throw_sys("rename", dest);
+    // Never over a directory another unpack of the same layer put there first (a plain
+    // rename would replace an empty one under a sandbox that uses it): EEXIST tells the
+    // caller, and the cleanup removes this copy.
+    int rc = ::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE);
+    if (rc != 0 && errno == EINVAL)  // a filesystem without it: rename fails over a full dir
+        rc = ::rename(temp.c_str(), dest.c_str());
+    if (rc != 0) throw_sys("rename", dest);
     cleanup.keep = true;
     return {decompressed.uncompressed_digest, summary.entries, summary.bytes,
             std::move(summary.warnings)};
