@@ -21,7 +21,8 @@ int main(int argc, char** argv) {
                                             : c == "zstd" ? images::Compression::zstd
                                                           : images::Compression::none;
     images::UnpackOptions options;
-    if (argc > 4) options.id_shift = static_cast<uint32_t>(std::stoul(argv[4]));
+    if (argc > 4)
+        options.uid_shift = options.gid_shift = static_cast<uint32_t>(std::stoul(argv[4]));
     try {
         const auto t0 = std::chrono::steady_clock::now();
         UniqueFd blob(::open(argv[1], O_RDONLY | O_CLOEXEC));

@@ -51,9 +51,10 @@ json image_to_json(const Image& im) {
 
 }  // namespace
 
-ImageStore::ImageStore(std::string root, uint32_t id_shift)
-    : root_(std::move(root)), id_shift_(id_shift), blobs_(root_) {
+ImageStore::ImageStore(std::string root, uint32_t uid_shift, uint32_t gid_shift)
+    : root_(std::move(root)), uid_shift_(uid_shift), gid_shift_(gid_shift), blobs_(root_) {
     make_dirs(root_ + "/layers", 0755);
+    sweep_layers(nullptr);
 }
 
 std::string ImageStore::layer_dir(const Digest& diff_id) const {
@@ -66,7 +67,8 @@ void ImageStore::ensure_layer(const Layer& layer, const Digest& diff_id) {
     if (::stat(dest.c_str(), &st) == 0) return;  // unpacked (and verified) before
     UniqueFd blob = blobs_.open(layer.blob.digest);
     UnpackOptions o;
-    o.id_shift = id_shift_;
+    o.uid_shift = uid_shift_;
+    o.gid_shift = gid_shift_;
     o.diff_id = diff_id;
     try {
         unpack_layer(blob.get(), layer.compression, dest, o);
@@ -75,61 +77,6 @@ void ImageStore::ensure_layer(const Layer& layer, const Digest& diff_id) {
         // (unpack_layer renames without replacing, and has removed its own copy.)
         if (e.code() != EEXIST && e.code() != ENOTEMPTY) throw;
     }
-}
-
-Image ImageStore::import_oci_layout(const std::string& dir, const Reference& name,
-                                    std::optional<std::string> tag) {
-    const json layout = read_json(dir + "/oci-layout", "OCI layout");
-    if (layout.value("imageLayoutVersion", std::string()) != "1.0.0")
-        throw ManifestError(dir + ": not an OCI image layout 1.0.0 (oci-layout)");
-    auto copy_blob = [&](const Descriptor& d) {
-        if (blobs_.has(d.digest)) return;
-        const std::string path = dir + "/blobs/sha256/" + std::string(d.digest.hex());
-        UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
-        if (!fd) throw_sys("open", path);
-        blobs_.put(d.digest, fd.get(), d.size);  // verified as it is copied
-    };
-    auto load = [&](const Descriptor& d) {
-        copy_blob(d);
-        return read_file(blobs_.path(d.digest));
-    };
-
-    // index.json is an index itself (not content addressed): pick the entry.
-    const std::string index_text = read_file(dir + "/index.json");
-    auto top = parse_manifest_or_index(index_text, media::kOciIndex);
-    if (!std::holds_alternative<Index>(top)) throw ManifestError(dir + "/index.json: not an index");
-    const json index_json = json::parse(index_text);
-    const Index& index = std::get<Index>(top);
-    const Descriptor* chosen = nullptr;
-    for (size_t i = 0; i < index.manifests.size(); ++i) {
-        const json& entry = index_json["manifests"][i];
-        std::string ref_name;
-        if (entry.contains("annotations"))
-            ref_name = entry["annotations"].value("org.opencontainers.image.ref.name", "");
-        if (tag ? ref_name == *tag : index.manifests.size() == 1) chosen = &index.manifests[i];
-    }
-    if (!chosen) {
-        throw ManifestError(
-            dir + "/index.json: " +
-            (tag ? "no manifest named " + *tag
-                 : std::to_string(index.manifests.size()) + " manifests and no tag to choose one"));
-    }
-    Descriptor manifest_desc = *chosen;
-    auto doc = parse_manifest_or_index(load(manifest_desc), manifest_desc.media_type);
-    if (std::holds_alternative<Index>(doc)) {  // a multi-platform image
-        manifest_desc = select_manifest(std::get<Index>(doc));
-        doc = parse_manifest_or_index(load(manifest_desc), manifest_desc.media_type);
-        if (!std::holds_alternative<Manifest>(doc))
-            throw ManifestError(dir + ": an index inside an index inside an index");
-    }
-    const Manifest& manifest = std::get<Manifest>(doc);
-    const ImageConfig config = parse_config(load(manifest.config));
-    if (config.diff_ids.size() != manifest.layers.size()) {
-        throw ManifestError(dir + ": the manifest has " + std::to_string(manifest.layers.size()) +
-                            " layers, its config " + std::to_string(config.diff_ids.size()));
-    }
-    for (const auto& layer : manifest.layers) copy_blob(layer.blob);
-    return add_image(name, manifest_desc.digest, manifest, config);
 }
 
 Image ImageStore::add_image(const Reference& name, const Digest& manifest_digest,
@@ -153,96 +100,6 @@ Image ImageStore::add_image(const Reference& name, const Digest& manifest_digest
     }
     record(image);  // last: the name appears only once everything it needs is there
     return image;
-}
-
-Image ImageStore::import_docker_archive(const std::string& archive, const Reference& name) {
-    // The archive is unpacked, by the same strict extractor as any untrusted tar, into a
-    // scratch directory of the store (swept on open, should this one be left).
-    const std::string dir = blobs_.make_scratch_dir("docker-archive");
-    const std::string scratch_rel = dir.substr(root_.size() + 1);
-    struct Scratch {
-        std::string path;
-        ~Scratch() { remove_tree(path); }
-    } scratch{dir};
-    {
-        UniqueFd in(::open(archive.c_str(), O_RDONLY | O_CLOEXEC));
-        if (!in) throw_sys("open", archive);
-        transfer::extract_archive(in.get(), transfer::Root::open(root_), scratch_rel, {});
-    }
-    // Paths named by manifest.json stay inside the archive.
-    auto member = [&](const json& v, const char* what) {
-        if (!v.is_string())
-            throw ManifestError(archive + ": manifest.json " + what + " is not a path");
-        const std::string rel = v.get<std::string>();
-        if (rel.empty() || rel[0] == '/' || ("/" + rel + "/").find("/../") != std::string::npos)
-            throw ManifestError(archive + ": manifest.json names " + rel + " outside the archive");
-        return dir + "/" + rel;
-    };
-    const json list = read_json(dir + "/manifest.json", "docker-archive manifest");
-    if (!list.is_array() || list.empty())
-        throw ManifestError(archive + ": manifest.json lists no image");
-    const json* entry = list.size() == 1 ? &list[0] : nullptr;
-    const std::string wanted = name.familiar();
-    for (const auto& e : list) {
-        for (const auto& t : e.value("RepoTags", json::array()))
-            if (t.is_string() &&
-                (t.get<std::string>() == wanted || parse_reference(t.get<std::string>()) == name))
-                entry = &e;
-    }
-    if (!entry) throw ManifestError(archive + ": holds several images and none is " + wanted);
-
-    const std::string config_text = read_file(member(entry->value("Config", json()), "Config"));
-    const ImageConfig config = parse_config(config_text);
-    Manifest manifest{std::string(media::kDockerManifest),
-                      {std::string(media::kDockerConfig), blobs_.put_bytes(config_text),
-                       config_text.size(), std::nullopt},
-                      {}};
-    json manifest_json = {{"schemaVersion", 2},
-                          {"mediaType", media::kDockerManifest},
-                          {"config",
-                           {{"mediaType", media::kDockerConfig},
-                            {"size", config_text.size()},
-                            {"digest", manifest.config.digest.str()}}},
-                          {"layers", json::array()}};
-    for (const auto& l : entry->value("Layers", json::array())) {
-        const std::string path = member(l, "Layers");
-        // docker save writes plain tars; other tools gzip or zstd them: the magic says.
-        Sha256 hash;
-        uint64_t size = 0;
-        unsigned char magic[4] = {};
-        {
-            UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-            if (!fd) throw_sys("open", path);
-            std::vector<char> buf(1 << 20);
-            for (;;) {
-                ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-                if (n < 0 && errno == EINTR) continue;
-                if (n < 0) throw_sys("read", path);
-                if (n == 0) break;
-                if (size == 0) std::memcpy(magic, buf.data(), std::min<size_t>(4, n));
-                hash.update(buf.data(), static_cast<size_t>(n));
-                size += static_cast<uint64_t>(n);
-            }
-        }
-        const Digest digest = hash.finish();
-        const Compression c =
-            magic[0] == 0x1f && magic[1] == 0x8b ? Compression::gzip
-            : magic[0] == 0x28 && magic[1] == 0xb5 && magic[2] == 0x2f && magic[3] == 0xfd
-                ? Compression::zstd
-                : Compression::none;
-        const char* type =
-            c == Compression::gzip   ? "application/vnd.docker.image.rootfs.diff.tar.gzip"
-            : c == Compression::zstd ? "application/vnd.oci.image.layer.v1.tar+zstd"
-                                     : "application/vnd.docker.image.rootfs.diff.tar";
-        UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-        if (!fd) throw_sys("open", path);
-        blobs_.put(digest, fd.get(), size);
-        manifest.layers.push_back({{type, digest, size, std::nullopt}, c});
-        manifest_json["layers"].push_back(
-            {{"mediaType", type}, {"size", size}, {"digest", digest.str()}});
-    }
-    const Digest manifest_digest = blobs_.put_bytes(manifest_json.dump());
-    return add_image(name, manifest_digest, manifest, config);
 }
 
 Image ImageStore::import_rootfs_dir(const std::string& dir, const Reference& name,

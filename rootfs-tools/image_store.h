@@ -6,12 +6,15 @@
 
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "rootfs-tools/blob_store.h"
 #include "rootfs-tools/manifest.h"
 #include "rootfs-tools/reference.h"
+#include "rootfs-tools/source_dir.h"
 
 namespace berth::images {
 
@@ -24,10 +27,40 @@ struct Image {
     std::string created;
 };
 
+// How import_fd reads what it is given.
+struct ImportOptions {
+    std::string label = "the imported image";  // how messages name the source
+    // A directory is read with this user's rights (see SourceDir); none: with our own.
+    std::optional<Caller> caller;
+    int cancel_fd = -1;  // readable or hung up: stop reading a tar (transfer's cancel_fd)
+};
+
+// A manifest a live sandbox uses, and how to name that sandbox in a refusal.
+struct InUse {
+    Digest manifest;
+    std::string sandbox;
+};
+
+// Refused: the image is used by a sandbox (what() names it).
+class ImageInUse : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+struct RemoveResult {
+    std::vector<std::string> untagged;  // names
+    std::vector<std::string> deleted;   // "sha256:..." for blobs, "layer sha256:..." for layers
+    uint64_t freed_bytes = 0;           // disk blocks given back
+};
+
 class ImageStore {
   public:
-    // `id_shift`: the sandboxes' root uid/gid outside, given to unpacked layers' owners.
-    ImageStore(std::string root, uint32_t id_shift);
+    // `uid_shift`, `gid_shift`: the sandboxes' root uid and gid outside (where the service
+    // user's /etc/subuid and /etc/subgid ranges start), added to unpacked layers' owners.
+    ImageStore(std::string root, uint32_t uid_shift, uint32_t gid_shift);
+    // Both ranges starting at `id_shift`.
+    ImageStore(std::string root, uint32_t id_shift)
+        : ImageStore(std::move(root), id_shift, id_shift) {}
 
     // Imports an OCI image layout directory: the manifest named `tag` in its index.json
     // (org.opencontainers.image.ref.name), or its only one; an index inside is resolved
@@ -40,6 +73,14 @@ class ImageStore {
     // gzip/zstd as found) under a Docker schema 2 manifest made here.
     Image import_docker_archive(const std::string& archive, const Reference& name);
 
+    // Imports from an open fd, never a path (the root image service reads what a client
+    // opened): a directory is an OCI image layout, read through a SourceDir as
+    // `options.caller`; a tar (a regular file or a pipe) is unpacked strictly into a scratch
+    // directory and is an OCI layout if it has oci-layout, else a docker-archive. The image
+    // is recorded under `name`, or the name the layout or archive gives it; with several
+    // images in it, `name` picks one (by full name, else by its tag).
+    Image import_fd(int fd, const std::optional<Reference>& name, const ImportOptions& options);
+
     // Makes a one-layer image of a root filesystem directory (what debootstrap leaves):
     // its tree as an uncompressed layer tar (owners as they are there: root's files
     // belong to the sandboxes' root once unpacked), `config` for the run settings.
@@ -50,12 +91,33 @@ class ImageStore {
     // manifest named by `tag` in index.json. Blobs are hard links where the filesystem
     // allows (they are immutable), else copies. Importing it again gives the same digest.
     void export_oci_layout(const Image& image, const std::string& dir, const std::string& tag);
+    // The same layout as a tar stream written to `out` (a pipe or a file), made in a scratch
+    // directory of the store; index.json also names the image in full
+    // (io.containerd.image.name, as containerd and docker write it), so importing the tar
+    // needs no name. `cancel_fd` as transfer's. Returns the bytes of file data written.
+    uint64_t export_oci_archive(const Image& image, int out, const std::string& tag,
+                                int cancel_fd = -1);
 
     std::vector<Image> list() const;
     std::optional<Image> find(const Reference& ref) const;
     // The overlay lower directories of `image`, top layer first (overlayfs's order).
     std::vector<std::string> lower_dirs(const Image& image) const;
     std::string layer_dir(const Digest& diff_id) const;
+
+    // Content no name refers to yet (what an import or a pull has stored before it records
+    // its name) is safe from remove() and prune() only while this is held: every import and
+    // pull that may run beside them holds it for its whole length.
+    std::shared_lock<std::shared_mutex> hold_content() {
+        return std::shared_lock<std::shared_mutex>(content_mu_);
+    }
+    // Removes the name `image.name`. Unless a sandbox uses its manifest (`in_use`), the
+    // image's blobs and layers that no other name and no sandbox uses go too. An image in
+    // use is refused with ImageInUse naming the sandbox, unless `force`: then only the name
+    // goes. Waits for imports and pulls in progress (hold_content).
+    RemoveResult remove(const Image& image, const std::vector<InUse>& in_use, bool force);
+    // Removes every blob and layer that no named image and no manifest in `in_use` needs,
+    // and what interrupted unpacks and removals left. Waits like remove().
+    RemoveResult prune(const std::vector<InUse>& in_use);
 
     BlobStore& blobs() { return blobs_; }
 
@@ -73,10 +135,24 @@ class ImageStore {
   private:
     void record(const Image& image);
 
+    Image import_layout_from(const SourceDir& src, const std::optional<Reference>& name,
+                             std::optional<std::string> tag);
+    Image import_docker_from(const SourceDir& src, const std::optional<Reference>& name);
+    // Drops `name` from images.json; false if it was not there.
+    bool forget(const std::string& name);
+    // Deletes the blobs and layers among `candidates` that nothing named nor in use needs.
+    void collect(const std::vector<Digest>* blob_candidates,
+                 const std::vector<Digest>* layer_candidates, const std::vector<InUse>& in_use,
+                 RemoveResult& result);
+    // Removes what interrupted unpacks and removals left in layers/ (".*.unpacking-*",
+    // ".*.removing-*"); at open, and in prune.
+    void sweep_layers(RemoveResult* result);
+
     std::string root_;
-    uint32_t id_shift_;
+    uint32_t uid_shift_, gid_shift_;
     BlobStore blobs_;
-    mutable std::mutex mu_;  // images.json read-modify-write
+    mutable std::mutex mu_;         // images.json read-modify-write
+    std::shared_mutex content_mu_;  // see hold_content()
 };
 
 }  // namespace berth::images

@@ -41,7 +41,8 @@ UnpackResult unpack_layer(int blob_fd, Compression compression, const std::strin
     transfer::ExtractOptions x;
     x.owners = transfer::ExtractOptions::Owners::from_archive;
     x.layer.enabled = true;
-    x.layer.id_shift = options.id_shift;
+    x.layer.uid_shift = options.uid_shift;
+    x.layer.gid_shift = options.gid_shift;
     x.layer.devices = !options.rootless;
     x.layer.opaque_xattr = options.rootless ? "user.overlay.opaque" : "trusted.overlay.opaque";
     DecompressResult decompressed;

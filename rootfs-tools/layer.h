@@ -15,7 +15,8 @@
 namespace berth::images {
 
 struct UnpackOptions {
-    uint32_t id_shift = 0;          // the sandboxes' root uid/gid outside (200000 here)
+    uint32_t uid_shift = 0;         // the sandboxes' root uid outside (200000 here)
+    uint32_t gid_shift = 0;         // and root gid (its own range: /etc/subgid)
     bool rootless = false;          // opaque dirs marked with user.overlay.opaque, no devices
     std::optional<Digest> diff_id;  // the uncompressed tar must hash to this
 };

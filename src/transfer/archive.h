@@ -69,10 +69,12 @@ struct ExtractOptions {
     // `opaque_xattr` to "y" on its directory; pax SCHILY.xattr.* records are applied
     // (user.* and security.*; others, and any overlay xattr, skipped with a warning);
     // device nodes and fifos are made when `devices` (else skipped with a warning); and
-    // owners (with Owners::from_archive) are shifted by `id_shift`.
+    // owners (with Owners::from_archive) are shifted by `uid_shift` and `gid_shift`
+    // (the sandboxes' uid and gid ranges on the host need not start at the same id).
     struct Layer {
         bool enabled = false;
-        uint32_t id_shift = 0;
+        uint32_t uid_shift = 0;
+        uint32_t gid_shift = 0;
         std::string opaque_xattr = "trusted.overlay.opaque";
         bool devices = true;
     } layer;

@@ -484,7 +484,7 @@ int Extractor::create_parents(const std::string& rel, const std::string& where) 
                 // A layer's directory it does not list (its whiteout's, say) is the
                 // sandbox root's, as an image tool would make it: the top layer's copy
                 // is the one a sandbox sees.
-                owner = {options_.layer.id_shift, options_.layer.id_shift};
+                owner = {options_.layer.uid_shift, options_.layer.gid_shift};
             }
             dirs_.push_back({prefix, 0755, std::nullopt, owner});
             next.reset(::openat(at, comp.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
@@ -527,12 +527,14 @@ std::pair<int, std::string> Extractor::parent_of(const Entry& e) {
 
 Ownership Extractor::owner_for(const Entry& e) const {
     if (options_.owners == ExtractOptions::Owners::fixed) return options_.owner;
-    const int64_t shift = options_.layer.enabled ? options_.layer.id_shift : 0;
-    if (e.uid + shift > UINT32_MAX - 1 || e.gid + shift > UINT32_MAX - 1)
+    // The sandboxes' uid and gid ranges may start at different host ids.
+    const int64_t uid_shift = options_.layer.enabled ? options_.layer.uid_shift : 0;
+    const int64_t gid_shift = options_.layer.enabled ? options_.layer.gid_shift : 0;
+    if (e.uid + uid_shift > UINT32_MAX - 1 || e.gid + gid_shift > UINT32_MAX - 1)
         bad("entry owner (beyond the id range)", e.where, EINVAL);
     Ownership o;
-    o.uid = static_cast<uid_t>(e.uid + shift);
-    o.gid = static_cast<gid_t>(e.gid + shift);
+    o.uid = static_cast<uid_t>(e.uid + uid_shift);
+    o.gid = static_cast<gid_t>(e.gid + gid_shift);
     return o;
 }
 

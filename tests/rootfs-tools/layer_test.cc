@@ -36,7 +36,8 @@ class LayerTest : public berth::images::testing::LayersFixture {
         UniqueFd fd(::open((dir_ + "/" + blob).c_str(), O_RDONLY | O_CLOEXEC));
         if (!fd) throw_sys("open", blob);
         UnpackOptions o;
-        o.id_shift = kShift;
+        o.uid_shift = kShift;
+        o.gid_shift = kShift;
         o.diff_id = diff_id;
         return unpack_layer(fd.get(), c, dir_ + "/" + dest, o);
     }

@@ -1,0 +1,314 @@
+// The image store's importers: an OCI image layout (a directory, or a tar of one) and a
+// docker-archive tar. Everything is read through a SourceDir (never a path joined from
+// what an archive says, never through a symlink), every blob is verified as it is copied,
+// and the name is recorded last.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "base/unique_fd.h"
+#include "rootfs-tools/image_store.h"
+#include "rootfs-tools/source_dir.h"
+#include "transfer/archive.h"
+#include "transfer/root.h"
+
+namespace berth::images {
+
+using nlohmann::json;
+
+namespace {
+
+// Manifests and configs are small; a descriptor that says otherwise is not loaded into
+// memory on its word.
+constexpr uint64_t kMaxDocument = 16u << 20;
+
+json parse_json(const std::string& text, const std::string& what) {
+    try {
+        return json::parse(text);
+    } catch (const json::parse_error& e) {
+        throw ManifestError(what + ": not JSON (" + e.what() + ")");
+    }
+}
+
+std::string annotation(const json& entry, const char* key) {
+    if (!entry.is_object() || !entry.contains("annotations") || !entry["annotations"].is_object())
+        return "";
+    const json& a = entry["annotations"];
+    return a.contains(key) && a[key].is_string() ? a[key].get<std::string>() : "";
+}
+
+// A tar extracted into one of the store's scratch directories, removed with this object
+// (or, after a crash, by the next BlobStore's sweep).
+class ScratchArchive {
+  public:
+    ScratchArchive(BlobStore& blobs, const std::string& store_root, int in, int cancel_fd,
+                   const std::string& label)
+        : path_(blobs.make_scratch_dir("import")) {
+        transfer::ExtractOptions x;
+        x.cancel_fd = cancel_fd;
+        transfer::extract_archive(in, transfer::Root::open(store_root),
+                                  path_.substr(store_root.size() + 1), x);
+        UniqueFd dir(::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!dir) throw_sys("open", path_);
+        source_.emplace(std::move(dir), label);
+    }
+    ~ScratchArchive() { remove_tree(path_); }
+    ScratchArchive(const ScratchArchive&) = delete;
+    ScratchArchive& operator=(const ScratchArchive&) = delete;
+    const SourceDir& source() const { return *source_; }
+
+  private:
+    std::string path_;
+    std::optional<SourceDir> source_;
+};
+
+Compression sniff_compression(const unsigned char* m, size_t n) {
+    if (n >= 2 && m[0] == 0x1f && m[1] == 0x8b) return Compression::gzip;
+    if (n >= 4 && m[0] == 0x28 && m[1] == 0xb5 && m[2] == 0x2f && m[3] == 0xfd)
+        return Compression::zstd;
+    return Compression::none;
+}
+
+}  // namespace
+
+Image ImageStore::import_oci_layout(const std::string& dir, const Reference& name,
+                                    std::optional<std::string> tag) {
+    UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd) throw_sys("open", dir);
+    return import_layout_from(SourceDir(std::move(fd), dir), name, std::move(tag));
+}
+
+Image ImageStore::import_docker_archive(const std::string& archive, const Reference& name) {
+    UniqueFd in(::open(archive.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!in) throw_sys("open", archive);
+    ScratchArchive scratch(blobs_, root_, in.get(), -1, archive);
+    return import_docker_from(scratch.source(), name);
+}
+
+Image ImageStore::import_fd(int fd, const std::optional<Reference>& name,
+                            const ImportOptions& options) {
+    struct stat st;
+    if (::fstat(fd, &st) != 0) throw_sys("stat", options.label);
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags < 0) throw_sys("fcntl", options.label);
+    if ((flags & O_PATH) || (flags & O_ACCMODE) == O_WRONLY)
+        throw_sys("read", options.label + " (the fd is not open for reading)", EBADF);
+    if (S_ISDIR(st.st_mode)) {
+        // Our own descriptor of the same open directory (the caller keeps theirs).
+        UniqueFd dir(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+        if (!dir) throw_sys("dup", options.label);
+        return import_layout_from(SourceDir(std::move(dir), options.label, options.caller), name,
+                                  std::nullopt);
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))
+        throw_sys("read", options.label + " (neither a tar file nor a directory)", EINVAL);
+    ScratchArchive scratch(blobs_, root_, fd, options.cancel_fd, options.label);
+    if (scratch.source().has("oci-layout"))
+        return import_layout_from(scratch.source(), name, std::nullopt);
+    if (scratch.source().has("manifest.json")) return import_docker_from(scratch.source(), name);
+    throw ManifestError(options.label +
+                        ": neither an OCI image layout (no oci-layout file) nor a docker-archive "
+                        "(no manifest.json)");
+}
+
+Image ImageStore::import_layout_from(const SourceDir& src, const std::optional<Reference>& name,
+                                     std::optional<std::string> tag) {
+    const json layout = parse_json(src.read_file("oci-layout"), src.where("oci-layout"));
+    if (!layout.is_object() || layout.value("imageLayoutVersion", json()) != "1.0.0")
+        throw ManifestError(src.label() + ": not an OCI image layout 1.0.0 (oci-layout)");
+    auto copy_blob = [&](const Descriptor& d) {
+        if (blobs_.has(d.digest)) return;
+        UniqueFd fd = src.open_file("blobs/sha256/" + std::string(d.digest.hex()));
+        blobs_.put(d.digest, fd.get(), d.size);  // verified as it is copied
+    };
+    auto load = [&](const Descriptor& d) {
+        if (d.size > kMaxDocument)
+            throw ManifestError(src.label() + ": " + d.digest.str() + " claims " +
+                                std::to_string(d.size) + " bytes, too many for a manifest");
+        copy_blob(d);
+        return berth::read_file(blobs_.path(d.digest));
+    };
+
+    // index.json is an index itself (not content addressed): pick the entry.
+    const std::string index_text = src.read_file("index.json");
+    auto top = parse_manifest_or_index(index_text, media::kOciIndex);
+    if (!std::holds_alternative<Index>(top))
+        throw ManifestError(src.where("index.json") + ": not an index");
+    const json index_json = parse_json(index_text, src.where("index.json"));
+    const Index& index = std::get<Index>(top);
+    const Descriptor* chosen = nullptr;
+    std::optional<Reference> recorded;  // the name the layout gives the chosen manifest
+    std::string names;                  // what it has, for the message when none fits
+    for (size_t i = 0; i < index.manifests.size(); ++i) {
+        const json& entry = index_json["manifests"][i];
+        const std::string ref_name = annotation(entry, "org.opencontainers.image.ref.name");
+        if (!ref_name.empty()) names += (names.empty() ? "" : ", ") + ref_name;
+        const std::string full_name = annotation(entry, "io.containerd.image.name");
+        // A full reference in either annotation names the image; a bare tag only tags it.
+        std::optional<Reference> named;
+        for (const std::string& text : {full_name, ref_name}) {
+            if (named || text.find_first_of("/:@") == std::string::npos) continue;
+            try {
+                named = parse_reference(text);
+            } catch (const std::invalid_argument&) {
+            }
+        }
+        bool match;
+        if (tag) {
+            match = ref_name == *tag;
+        } else if (index.manifests.size() == 1) {
+            match = true;
+        } else if (name) {
+            match = (named && *named == *name) || ref_name == name->tag.value_or("latest");
+        } else {
+            match = false;
+        }
+        if (match) {
+            chosen = &index.manifests[i];
+            recorded = named;
+        }
+    }
+    if (!chosen) {
+        throw ManifestError(src.where("index.json") + ": " +
+                            (tag    ? "no manifest named " + *tag
+                             : name ? "none of its " + std::to_string(index.manifests.size()) +
+                                          " manifests is named " + name->familiar() +
+                                          " or tagged " + name->tag.value_or("latest")
+                                    : std::to_string(index.manifests.size()) +
+                                          " manifests and no name to choose one by") +
+                            (names.empty() ? "" : " (it has: " + names + ")"));
+    }
+    if (!name && !recorded) {
+        throw ManifestError(src.where("index.json") +
+                            ": the image has no full name (org.opencontainers.image.ref.name is "
+                            "at most a tag): give one to record it under");
+    }
+    Descriptor manifest_desc = *chosen;
+    auto doc = parse_manifest_or_index(load(manifest_desc), manifest_desc.media_type);
+    if (std::holds_alternative<Index>(doc)) {  // a multi-platform image
+        manifest_desc = select_manifest(std::get<Index>(doc));
+        doc = parse_manifest_or_index(load(manifest_desc), manifest_desc.media_type);
+        if (!std::holds_alternative<Manifest>(doc))
+            throw ManifestError(src.label() + ": an index inside an index inside an index");
+    }
+    const Manifest& manifest = std::get<Manifest>(doc);
+    const ImageConfig config = parse_config(load(manifest.config));
+    if (config.diff_ids.size() != manifest.layers.size()) {
+        throw ManifestError(src.label() + ": the manifest has " +
+                            std::to_string(manifest.layers.size()) + " layers, its config " +
+                            std::to_string(config.diff_ids.size()));
+    }
+    for (const auto& layer : manifest.layers) copy_blob(layer.blob);
+    return add_image(name ? *name : *recorded, manifest_desc.digest, manifest, config);
+}
+
+Image ImageStore::import_docker_from(const SourceDir& src, const std::optional<Reference>& name) {
+    const json list = parse_json(src.read_file("manifest.json"), src.where("manifest.json"));
+    if (!list.is_array() || list.empty())
+        throw ManifestError(src.where("manifest.json") + ": lists no image");
+    auto tags_of = [](const json& e) {
+        std::vector<std::string> tags;
+        if (e.is_object() && e.contains("RepoTags") && e["RepoTags"].is_array())
+            for (const auto& t : e["RepoTags"])
+                if (t.is_string()) tags.push_back(t.get<std::string>());
+        return tags;
+    };
+    const json* entry = list.size() == 1 ? &list[0] : nullptr;
+    if (name) {
+        for (const auto& e : list) {
+            for (const auto& t : tags_of(e)) {
+                try {
+                    if (t == name->familiar() || parse_reference(t) == *name) entry = &e;
+                } catch (const std::invalid_argument&) {
+                }
+            }
+        }
+    }
+    if (!entry) {
+        throw ManifestError(src.label() + ": holds " + std::to_string(list.size()) +
+                            " images and " +
+                            (name ? "none is " + name->familiar() : "no name to choose one by"));
+    }
+    if (!entry->is_object()) throw ManifestError(src.where("manifest.json") + ": not an object");
+    std::optional<Reference> recorded = name;
+    if (!recorded) {
+        const auto tags = tags_of(*entry);
+        if (tags.empty())
+            throw ManifestError(src.label() +
+                                ": the image has no RepoTags: give a name to record it under");
+        try {
+            recorded = parse_reference(tags.front());
+        } catch (const std::invalid_argument& e) {
+            throw ManifestError(src.label() + ": its RepoTags name " + tags.front() + ": " +
+                                e.what());
+        }
+    }
+    // Paths named by manifest.json are read beneath the archive, never through a symlink.
+    auto member = [&](const json& v, const char* what) {
+        if (!v.is_string())
+            throw ManifestError(src.where("manifest.json") + ": " + what + " is not a path");
+        const std::string rel = v.get<std::string>();
+        if (rel.empty() || rel[0] == '/' || ("/" + rel + "/").find("/../") != std::string::npos)
+            throw ManifestError(src.where("manifest.json") + ": " + what + " names " + rel +
+                                " outside the archive");
+        return rel;
+    };
+
+    const std::string config_text =
+        src.read_file(member(entry->value("Config", json()), "Config"), kMaxDocument);
+    const ImageConfig config = parse_config(config_text);
+    Manifest manifest{std::string(media::kDockerManifest),
+                      {std::string(media::kDockerConfig), blobs_.put_bytes(config_text),
+                       config_text.size(), std::nullopt},
+                      {}};
+    json manifest_json = {{"schemaVersion", 2},
+                          {"mediaType", media::kDockerManifest},
+                          {"config",
+                           {{"mediaType", media::kDockerConfig},
+                            {"size", config_text.size()},
+                            {"digest", manifest.config.digest.str()}}},
+                          {"layers", json::array()}};
+    const json layers = entry->value("Layers", json::array());
+    if (!layers.is_array())
+        throw ManifestError(src.where("manifest.json") + ": Layers is not a list");
+    for (const auto& l : layers) {
+        const std::string rel = member(l, "Layers");
+        // docker save writes plain tars; other tools gzip or zstd them: the magic says. One
+        // pass: the blob is named by what it hashes to.
+        UniqueFd fd = src.open_file(rel);
+        BlobWriter blob = blobs_.writer_for_new();
+        unsigned char magic[4] = {};
+        size_t magic_len = 0;
+        std::vector<char> buf(1 << 20);
+        for (;;) {
+            const ssize_t n = check_sys("read", src.where(rel),
+                                        [&] { return ::read(fd.get(), buf.data(), buf.size()); });
+            if (n == 0) break;
+            while (magic_len < sizeof magic &&
+                   magic_len < blob.written() + static_cast<size_t>(n)) {
+                magic[magic_len] = static_cast<unsigned char>(buf[magic_len - blob.written()]);
+                ++magic_len;
+            }
+            blob.write(buf.data(), static_cast<size_t>(n));
+        }
+        const uint64_t size = blob.written();
+        const Digest digest = blob.commit();
+        const Compression c = sniff_compression(magic, magic_len);
+        const char* type =
+            c == Compression::gzip   ? "application/vnd.docker.image.rootfs.diff.tar.gzip"
+            : c == Compression::zstd ? "application/vnd.oci.image.layer.v1.tar+zstd"
+                                     : "application/vnd.docker.image.rootfs.diff.tar";
+        manifest.layers.push_back({{type, digest, size, std::nullopt}, c});
+        manifest_json["layers"].push_back(
+            {{"mediaType", type}, {"size", size}, {"digest", digest.str()}});
+    }
+    const Digest manifest_digest = blobs_.put_bytes(manifest_json.dump());
+    return add_image(*recorded, manifest_digest, manifest, config);
+}
+
+}  // namespace berth::images
