@@ -129,10 +129,40 @@ bool FramedSocket::deliver_frames() {
 }
 
 void FramedSocket::send(std::string frame) {
+    send(std::move(frame), {});
+}
+
+void FramedSocket::send(std::string frame, std::vector<UniqueFd> fds) {
     if (!socket_.is_open()) return;
     queued_bytes_ += frame.size();
-    queue_.push_back(std::move(frame));
+    queue_.push_back({std::move(frame), std::move(fds), 0});
     if (!writing_) write_next();
+}
+
+bool FramedSocket::send_with_fds(Outgoing& out) {
+    iovec iov{out.frame.data() + out.sent, out.frame.size() - out.sent};
+    std::vector<char> control(CMSG_SPACE(sizeof(int) * out.fds.size()));
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control.data();
+    mh.msg_controllen = control.size();
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * out.fds.size());
+    for (size_t i = 0; i < out.fds.size(); ++i) {
+        const int fd = out.fds[i].get();
+        std::memcpy(CMSG_DATA(c) + i * sizeof(int), &fd, sizeof fd);
+    }
+    const ssize_t n = ::sendmsg(socket_.native_handle(), &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) return false;
+        throw boost::system::system_error(errno, boost::system::system_category());
+    }
+    out.sent += static_cast<size_t>(n);
+    out.fds.clear();  // the peer has them now (ours close)
+    return true;
 }
 
 void FramedSocket::write_next() {
@@ -144,17 +174,41 @@ void FramedSocket::write_next() {
     }
     writing_ = true;
     auto self = shared_from_this();
-    asio::async_write(socket_, asio::buffer(queue_.front()),
-                      [this, self](boost::system::error_code ec, size_t) {
-                          if (ec) {
-                              close();
-                              return;
-                          }
-                          queued_bytes_ -= queue_.front().size();
-                          queue_.pop_front();
-                          if (queued_bytes_ < kLowWater) notify_drained();
-                          write_next();
-                      });
+    Outgoing& out = queue_.front();
+    if (!out.fds.empty()) {
+        // asio's writes carry no ancillary data: the first bytes go by sendmsg() with the
+        // fds, once the socket takes them; the rest as any frame.
+        socket_.async_wait(UnixSocket::wait_write, [this, self](boost::system::error_code ec) {
+            if (ec || queue_.empty()) {
+                close();
+                return;
+            }
+            try {
+                send_with_fds(queue_.front());
+            } catch (const boost::system::system_error&) {
+                close();
+                return;
+            }
+            write_next();
+        });
+        return;
+    }
+    auto done = [this, self](boost::system::error_code ec, size_t) {
+        if (ec) {
+            close();
+            return;
+        }
+        queued_bytes_ -= queue_.front().frame.size();
+        queue_.pop_front();
+        if (queued_bytes_ < kLowWater) notify_drained();
+        write_next();
+    };
+    if (out.sent == out.frame.size()) {
+        done({}, 0);
+        return;
+    }
+    asio::async_write(socket_,
+                      asio::buffer(out.frame.data() + out.sent, out.frame.size() - out.sent), done);
 }
 
 void FramedSocket::notify_drained() {

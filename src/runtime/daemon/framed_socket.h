@@ -32,6 +32,9 @@ class FramedSocket : public std::enable_shared_from_this<FramedSocket> {
     std::vector<UniqueFd> take_fds() { return std::move(frame_fds_); }
     // Queues a ready frame (header included). After close() it is dropped.
     void send(std::string frame);
+    // The same with `fds` attached to the frame's first byte (SCM_RIGHTS): how the daemon
+    // hands a client's fd on (to berth-images). They are closed here once sent.
+    void send(std::string frame, std::vector<UniqueFd> fds);
     // Stops reading and closes once the queued frames are written.
     void close_after_flush();
     void close();
@@ -66,7 +69,14 @@ class FramedSocket : public std::enable_shared_from_this<FramedSocket> {
     };
     std::deque<FdBatch> fd_batches_;
     std::vector<UniqueFd> frame_fds_;
-    std::deque<std::string> queue_;
+    struct Outgoing {
+        std::string frame;
+        std::vector<UniqueFd> fds;  // go with the first byte written
+        size_t sent = 0;
+    };
+    // sendmsg() of what is left of `out` with its fds; false when it must wait (EAGAIN).
+    bool send_with_fds(Outgoing& out);
+    std::deque<Outgoing> queue_;
     size_t queued_bytes_ = 0;
     bool writing_ = false;
     bool closing_ = false;

@@ -19,6 +19,8 @@
 #include "base/files.h"
 #include "cgroup/cgroup.h"
 #include "helper.pb.h"
+#include "images.pb.h"
+#include "runtime/daemon/image_client.h"
 #include "runtime/daemon/server.h"
 #include "runtime/wire/frame.h"
 
@@ -53,6 +55,29 @@ pid_t start_helper(const std::string& path, int channel, const std::vector<std::
     return pid;
 }
 
+// berth-images: root like the helper (it unpacks layers with their owners, devices and
+// trusted xattrs), with a channel of its own; it dies with us (PR_SET_PDEATHSIG on our pid).
+UniqueFd start_images(const std::string& path, const std::string& state_dir,
+                      const std::string& user) {
+    int pair[2];
+    check_sys("socketpair", "images channel",
+              [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair); });
+    UniqueFd ours(pair[0]), theirs(pair[1]);
+    start_helper(path, theirs.get(),
+                 {"--channel-fd", std::to_string(theirs.get()), "--parent-pid",
+                  std::to_string(::getpid()), "--state-dir", state_dir, "--service-user", user});
+    return ours;
+}
+
+// Its first word: Ready once its store is open, or why it cannot start.
+void wait_images_ready(int channel) {
+    v1::images::Reply hello;
+    if (wire::read_frame(channel, hello, wire::kDefaultMaxFrame) != wire::ReadStatus::ok)
+        throw std::runtime_error("berth-images exited before it was ready");
+    if (hello.has_error()) throw std::runtime_error(hello.error().message());
+    if (!hello.has_ready()) throw std::runtime_error("berth-images sent no Ready message");
+}
+
 void drop_privileges(uid_t uid, gid_t gid) {
     check_sys("setgroups", "[berth]", [&] { return ::setgroups(1, &gid); });
     check_sys("setresgid", std::to_string(gid), [&] { return ::setresgid(gid, gid, gid); });
@@ -78,6 +103,7 @@ int main(int argc, char** argv) {
     std::string socket_path;
     std::string user = "berth", group = "berth";
     std::string helper_path = sibling_binary("berth-helper");
+    std::string images_path = sibling_binary("berth-images");
     std::string cgroup_parent = "berth";
     double lease_seconds = 60;
     uint32_t max_frame = wire::kDefaultMaxFrame;
@@ -89,6 +115,7 @@ int main(int argc, char** argv) {
     app.add_option("--user", user, "the unprivileged user berthd runs as");
     app.add_option("--group", group, "the group whose members may use berth");
     app.add_option("--helper", helper_path, "path of berth-helper");
+    app.add_option("--images", images_path, "path of berth-images (the image store's process)");
     app.add_option("--cgroup-parent", cgroup_parent, "cgroup directory that holds sandboxes");
     app.add_option("--lease", lease_seconds,
                    "seconds a non-persistent sandbox outlives its client's connection");
@@ -130,6 +157,7 @@ int main(int argc, char** argv) {
              "--state-dir", state_dir, "--service-user", user, "--daemon-uid", std::to_string(uid),
              "--daemon-gid", std::to_string(gid), "--cgroup-parent", cgroup_parent});
         theirs.reset();
+        UniqueFd images_channel = start_images(images_path, state_dir, user);
 
         drop_privileges(uid, gid);
 
@@ -140,6 +168,7 @@ int main(int argc, char** argv) {
         if (!hello.error().empty()) throw std::runtime_error(hello.error());
         if (!hello.has_ready()) throw std::runtime_error("berth-helper sent no Ready message");
         const std::string driver_name = hello.ready().cgroup_driver();
+        wait_images_ready(images_channel.get());
 
         boost::asio::io_context io;
         auto channel = std::make_shared<daemon::FramedSocket>(
@@ -157,6 +186,11 @@ int main(int argc, char** argv) {
         auto driver = driver_name == "v2" ? cgroup::make_v2_driver(cgroup_parent)
                                           : cgroup::make_v1_driver(cgroup_parent);
         daemon::Server server(io, config, channel, std::move(driver));
+        server.set_images(
+            std::make_shared<daemon::ImageClient>(std::make_shared<daemon::FramedSocket>(
+                daemon::UnixSocket(io, boost::asio::local::stream_protocol(),
+                                   images_channel.release()),
+                wire::kDefaultMaxFrame)));
         server.start();
 
         boost::asio::signal_set signals(io, SIGINT, SIGTERM);

@@ -172,6 +172,7 @@ void Server::on_closed(const std::shared_ptr<Session>& session) {
     for (auto& [id, op] : execs) op->abandon();
     auto file_ops = std::move(session->file_ops);
     for (auto& [id, op] : file_ops) op->abandon();
+    abandon_images(session->id);
     // Its sandboxes now run on their lease.
     for (Sandbox* s : registry_.all()) {
         if (s->owner_session == session->id) {
@@ -212,6 +213,7 @@ void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& pay
             return;
         }
         case v1::ClientMessage::kCancel: {
+            if (cancel_image(session, id)) return;
             if (auto op = session->file_ops.find(id); op != session->file_ops.end()) {
                 auto keep = op->second;
                 keep->cancel();
@@ -240,6 +242,15 @@ void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& pay
             return handle_inspect(session, id, msg.inspect());
         case v1::ClientMessage::kSetPersistent:
             return handle_set_persistent(session, id, msg.set_persistent());
+        case v1::ClientMessage::kPullImage:
+        case v1::ClientMessage::kImportImage:
+        case v1::ClientMessage::kExportImage:
+        case v1::ClientMessage::kBootstrapImage:
+        case v1::ClientMessage::kListImages:
+        case v1::ClientMessage::kInspectImage:
+        case v1::ClientMessage::kRemoveImage:
+        case v1::ClientMessage::kPruneImages:
+            return handle_image(session, msg, std::move(fds));
         default:
             session->send_error(id, v1::INVALID_ARGUMENT, "empty or unknown request");
     }

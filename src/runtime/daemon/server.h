@@ -18,6 +18,7 @@ namespace berth::daemon {
 
 class ExecOperation;
 class FileOperation;
+class ImageClient;
 
 struct ServerConfig {
     std::string socket_path;
@@ -68,6 +69,9 @@ class Server {
     void stop();
     // How creates from an image find it (the image service); without one they fail.
     void set_image_resolver(ImageResolver resolver) { resolve_image_ = std::move(resolver); }
+    // The image service (berth-images): image requests are forwarded to it, and creates
+    // resolve their image with it (this sets the image resolver). image_handlers.cc.
+    void set_images(std::shared_ptr<ImageClient> images);
 
   private:
     void accept_next();
@@ -114,6 +118,18 @@ class Server {
     std::set<std::string> pending_names_;
     int dev_null_ = -1;
     ImageResolver resolve_image_;
+
+    // Image requests (image_handlers.cc): checked here, forwarded to berth-images with the
+    // client's fd, its progress and reply passed back.
+    void handle_image(const std::shared_ptr<Session>&, const v1::ClientMessage&,
+                      std::vector<UniqueFd> fds);
+    // Cancel of an image request of the session: false if `id` is none.
+    bool cancel_image(const std::shared_ptr<Session>&, uint64_t id);
+    // The session is gone: its image requests are abandoned (and cancelled).
+    void abandon_images(uint64_t session_id);
+    std::shared_ptr<ImageClient> images_;
+    // (session id, request id) -> the berth-images call carrying it.
+    std::map<std::pair<uint64_t, uint64_t>, uint64_t> image_calls_;
 };
 
 }  // namespace berth::daemon

@@ -1,0 +1,95 @@
+// berth-images: the image store's privileged keeper. Started by berthd (as root) before it
+// drops its privileges, like berth-helper; unpacking layers needs root (owners in the
+// sandboxes' range, device whiteouts, trusted.* xattrs). It serves berthd's typed requests
+// on one socketpair, several at once, and never sees a client byte: what a client gives it
+// (an archive, a directory, a place to export to) arrives as an fd the client opened.
+// It dies with berthd: EOF on the channel, and PR_SET_PDEATHSIG for good measure.
+#include <fcntl.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstring>
+#include <iostream>
+#include <memory>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "images.pb.h"
+#include "ns/idmap.h"
+#include "rootfs-tools/image_store.h"
+#include "runtime/images/pulling.h"
+#include "runtime/images/service.h"
+#include "runtime/wire/frame.h"
+
+using namespace berth;
+
+int main(int argc, char** argv) {
+    CLI::App app{"berth-images: the image store for berthd"};
+    int channel = -1;
+    pid_t parent = 0;
+    std::string state_dir, service_user = "berth";
+    std::string registries_conf = "/etc/berth/registries.conf";
+    std::string auth_file = "/etc/berth/auth.json";
+    app.add_option("--channel-fd", channel, "the socketpair end shared with berthd")->required();
+    app.add_option("--parent-pid", parent, "berthd's pid (we die with it)")->required();
+    app.add_option("--state-dir", state_dir, "the store is STATE_DIR/images")->required();
+    app.add_option("--service-user", service_user, "whose /etc/subuid range sandboxes use");
+    app.add_option("--registries-conf", registries_conf, "registry mirrors and rewrites");
+    app.add_option("--auth-file", auth_file, "registry credentials of the system");
+    CLI11_PARSE(app, argc, argv);
+
+    ::prctl(PR_SET_NAME, "berth-images");
+    // When berthd dies, so do we, even while a request keeps us from reading the channel.
+    // (Set after the fork: if berthd went before this line, our parent is not it any more.)
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) return 1;
+    ::signal(SIGPIPE, SIG_IGN);
+    // The channel came to us without close-on-exec; nothing we start (debootstrap) may
+    // inherit a line to berthd.
+    ::fcntl(channel, F_SETFD, FD_CLOEXEC);
+    // Layers are written as root with the owners they say; the store's own files get
+    // exactly the modes asked for.
+    ::umask(022);
+
+    std::unique_ptr<images::ImageStore> store;
+    images_service::Pulling pulling;
+    try {
+        struct passwd* pw = ::getpwnam(service_user.c_str());
+        if (!pw) throw std::runtime_error("user '" + service_user + "' does not exist");
+        // The helper's mapping: a layer's uid U is the sandbox's U, the host's start + U.
+        const ns::IdMapping mapping = ns::mapping_for_user(service_user, pw->pw_uid);
+        make_dirs(state_dir, 0700);
+        store = std::make_unique<images::ImageStore>(state_dir + "/images", mapping.uids.host_start,
+                                                     mapping.gids.host_start);
+        pulling = images_service::make_pulling(*store, registries_conf, auth_file);
+    } catch (const std::exception& e) {
+        std::cerr << "berth-images: cannot start: " << e.what() << std::endl;
+        v1::images::Reply fatal;
+        fatal.mutable_error()->set_code(v1::UNAVAILABLE);
+        fatal.mutable_error()->set_message(std::string("berth-images cannot start: ") + e.what());
+        try {
+            wire::write_frame(channel, fatal);
+        } catch (...) {
+        }
+        return 1;
+    }
+    {
+        v1::images::Reply hello;
+        hello.mutable_ready()->set_store(state_dir + "/images");
+        try {
+            wire::write_frame(channel, hello);
+        } catch (const std::exception& e) {
+            std::cerr << "berth-images: " << e.what() << std::endl;
+            return 1;
+        }
+    }
+    images_service::Service(*store, channel, std::move(pulling)).serve();
+    // Jobs that did not stop in time may still use the store: leave without destructors.
+    std::cout.flush();
+    std::cerr.flush();
+    ::_exit(0);
+}

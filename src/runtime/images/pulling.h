@@ -1,0 +1,25 @@
+// How berth-images pulls: the registry puller (rootfs-tools/puller.h) with the system's
+// registries.conf and credentials, read again for every pull (an admin's edit applies to
+// the next one), the client's credentials over them, and its events as ImageProgress.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "berth.pb.h"
+#include "runtime/images/service.h"
+
+namespace berth::images_service {
+
+// A pull failed in a way the protocol has a code for (auth, unreachable, not found,
+// cancelled, a bad configuration); what() says what and where.
+class PullFailed : public std::runtime_error {
+  public:
+    PullFailed(v1::ErrorCode code, const std::string& what)
+        : std::runtime_error(what), code(code) {}
+    v1::ErrorCode code;
+};
+
+Pulling make_pulling(images::ImageStore& store, std::string registries_conf, std::string auth_file);
+
+}  // namespace berth::images_service
