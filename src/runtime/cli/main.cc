@@ -13,6 +13,7 @@
 #include "cgroup/cgroup.h"
 #include "ns/idmap.h"
 #include "runtime/cli/copy.h"
+#include "runtime/cli/images.h"
 #include "runtime/client/client.h"
 
 using namespace berth;
@@ -303,6 +304,7 @@ int main(int argc, char** argv) {
     auto* doctor_cmd =
         app.add_subcommand("doctor", "show what this host supports and what berth uses");
     auto* version = app.add_subcommand("version", "print versions");
+    cli::ImageCommands image_commands(app);
 
     CLI11_PARSE(app, argc, argv);
     ::signal(SIGPIPE, SIG_IGN);
@@ -321,6 +323,7 @@ int main(int argc, char** argv) {
             return 0;
         }
         Client c(socket);
+        if (image_commands.parsed()) return image_commands.run(c);
         if (create->parsed()) {
             // With --rootfs, what CLI11 took for the image is not one.
             if (!create_opts.rootfs.empty() && !create_opts.image.empty())

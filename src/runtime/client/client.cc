@@ -75,6 +75,23 @@ v1::ServerMessage Client::call(v1::ClientMessage request, const std::vector<int>
     }
 }
 
+v1::ServerMessage Client::call_with_progress(
+    v1::ClientMessage request, const std::function<void(const v1::ImageProgress&)>& progress,
+    const std::vector<int>& fds) {
+    request.set_id(next_id());
+    send(request, fds);
+    for (;;) {
+        v1::ServerMessage reply = receive();
+        if (reply.id() != request.id()) continue;
+        if (reply.has_error()) throw ClientError(reply.error().code(), reply.error().message());
+        if (reply.has_image_progress()) {
+            if (progress) progress(reply.image_progress());
+            continue;
+        }
+        return reply;
+    }
+}
+
 v1::ExecExit Client::exec(v1::Exec request, const ExecCallbacks& callbacks, int stdin_fd) {
     v1::ClientMessage msg;
     const uint64_t id = next_id();

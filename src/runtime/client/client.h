@@ -30,6 +30,11 @@ class Client {
 
     // Sends one request (with `fds` attached) and waits for its single reply (not for Exec).
     v1::ServerMessage call(v1::ClientMessage request, const std::vector<int>& fds = {});
+    // The same for a request that streams ImageProgress before its reply (PullImage,
+    // BootstrapImage): each goes to `progress` as it comes.
+    v1::ServerMessage call_with_progress(
+        v1::ClientMessage request, const std::function<void(const v1::ImageProgress&)>& progress,
+        const std::vector<int>& fds = {});
 
     // File transfer through a pipe (see CopyIn/CopyOut in berth.proto). `produce` writes
     // the tar stream to the fd it is given, `consume` reads it; either runs on a thread of
