@@ -323,8 +323,16 @@ void Extractor::drain_trailer() {
 
 void Extractor::loop() {
     char block[tar::kBlock];
+    // Only whole entries have been read (no pax or long-name header waits for its entry).
+    bool between_entries = false;
     for (;;) {
-        if (!next_block(block)) internal::throw_truncated(dest_display_);
+        if (!next_block(block)) {
+            // An image layer may end after its last entry without the end-of-archive blocks
+            // (umoci 0.4.7's `insert` writes such layers; Go's and GNU tar accept them). Its
+            // bytes are checked against the diff_id, so nothing can be missing unnoticed.
+            if (options_.layer.enabled && between_entries) return;
+            internal::throw_truncated(dest_display_);
+        }
         if (tar::is_zero_block(block)) {
             if (!next_block(block) || tar::is_zero_block(block)) return;
             bad("tar header (data after an end-of-archive block)", dest_display_);
@@ -355,7 +363,10 @@ void Extractor::loop() {
             default:
                 entry(h);
                 meta_ = PendingMeta{};
+                between_entries = true;
+                continue;
         }
+        between_entries = false;
     }
 }
 

@@ -129,3 +129,46 @@ TEST_F(LayerTest, HostileOrWrongLayersLeaveNothing) {
     unpack("layer2.tar", Compression::none, "l2");
     EXPECT_THROW(unpack("layer2.tar", Compression::none, "l2"), SysError);
 }
+
+// umoci 0.4.7's `insert` writes layers without the end-of-archive blocks. A layer that
+// stops cleanly after an entry unpacks (its diff_id vouches for its bytes); one that stops
+// inside an entry, or after a pax header with no entry, is still truncated.
+TEST_F(LayerTest, ALayerWithoutTheEndMarkerUnpacksButACutOneDoesNot) {
+    std::string tar = read(dir_ + "/layer1.tar");
+    size_t end = tar.size();
+    while (end >= 512 && tar.find_first_not_of('\0', end - 512) >= end) end -= 512;
+    ASSERT_LT(end, tar.size());
+    const std::string unterminated = tar.substr(0, end);
+    std::ofstream(dir_ + "/unterminated.tar", std::ios::binary) << unterminated;
+    const UnpackResult r =
+        unpack("unterminated.tar", Compression::none, "u", sha256_of(unterminated));
+    EXPECT_EQ(r.entries, unpack("layer1.tar", Compression::none, "full").entries);
+
+    // Cut in the middle of the last entry's data (not on a header boundary).
+    std::ofstream(dir_ + "/cut.tar", std::ios::binary) << unterminated.substr(0, end - 100);
+    EXPECT_THROW(unpack("cut.tar", Compression::none, "cut"), SysError);
+    EXPECT_FALSE(fs::exists(dir_ + "/cut"));
+    // A pax header whose entry never comes.
+    std::string pax_only = unterminated;
+    std::string body = "30 path=a-name-never-written\n";
+    char header[512] = {};
+    std::snprintf(header, 100, "PaxHeaders/x");
+    std::snprintf(header + 100, 8, "%07o", 0644);
+    std::snprintf(header + 108, 8, "%07o", 0);
+    std::snprintf(header + 116, 8, "%07o", 0);
+    std::snprintf(header + 124, 12, "%011o", static_cast<unsigned>(body.size()));
+    std::snprintf(header + 136, 12, "%011o", 0);
+    header[156] = 'x';
+    std::memcpy(header + 257, "ustar", 6);
+    std::memcpy(header + 263, "00", 2);
+    std::memset(header + 148, ' ', 8);
+    unsigned sum = 0;
+    for (unsigned char c : header) sum += c;
+    std::snprintf(header + 148, 8, "%06o", sum);
+    pax_only.append(header, 512);
+    body.resize(512, '\0');
+    pax_only += body;
+    std::ofstream(dir_ + "/pax-only.tar", std::ios::binary) << pax_only;
+    EXPECT_THROW(unpack("pax-only.tar", Compression::none, "pax"), SysError);
+    EXPECT_FALSE(fs::exists(dir_ + "/pax"));
+}
