@@ -5,9 +5,11 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -171,4 +173,99 @@ TEST_F(LayerTest, ALayerWithoutTheEndMarkerUnpacksButACutOneDoesNot) {
     std::ofstream(dir_ + "/pax-only.tar", std::ios::binary) << pax_only;
     EXPECT_THROW(unpack("pax-only.tar", Compression::none, "pax"), SysError);
     EXPECT_FALSE(fs::exists(dir_ + "/pax"));
+}
+
+// Rootless: the unpacking user is root only in a user namespace of its own (uids 0-65535
+// mapped to 300000-365535 here, as newuidmap would map a user's subordinate ids), with no
+// capability on the host. Opaque dirs get user.overlay.opaque (trusted.* is out of reach),
+// devices are skipped with a warning, whiteouts are still made (Linux >= 5.8 lets anyone
+// make a 0/0 char device), owners are the image's own inside the namespace, and an overlay
+// mounted there with `userxattr` shows the image.
+TEST_F(LayerTest, RootlessUnpackUsesUserXattrsAndSkipsDevices) {
+    constexpr uid_t kOutside = 300000;
+    const std::string work = dir_ + "/rootless";
+    // The unprivileged user must reach the blobs (the fixture's dir is root's, 0700).
+    ASSERT_EQ(::chmod(dir_.c_str(), 0755), 0);
+    fs::create_directory(work);
+    ASSERT_EQ(::chown(work.c_str(), kOutside, kOutside), 0);
+    int report[2], go[2];
+    ASSERT_EQ(::pipe(report), 0);
+    ASSERT_EQ(::pipe(go), 0);
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        ::close(report[0]);
+        ::close(go[1]);
+        std::string out;
+        auto say = [&](const std::string& k, const std::string& v) { out += k + "=" + v + "\n"; };
+        try {
+            if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) throw_sys("unshare", "userns");
+            (void)!::write(report[1], "u", 1);  // now our maps can be written
+            char c;
+            if (::read(go[0], &c, 1) != 1) _exit(3);  // the parent wrote our id maps
+            if (::setresgid(0, 0, 0) != 0 || ::setresuid(0, 0, 0) != 0) throw_sys("setresuid", "0");
+            UnpackOptions o;
+            o.rootless = true;
+            auto unpack_as_user = [&](const char* blob, Compression comp, const char* dest) {
+                UniqueFd fd(::open((dir_ + "/" + blob).c_str(), O_RDONLY | O_CLOEXEC));
+                return unpack_layer(fd.get(), comp, work + "/" + dest, o);
+            };
+            const UnpackResult r1 = unpack_as_user("layer1.tar.gz", Compression::gzip, "l1");
+            unpack_as_user("layer2.tar.zst", Compression::zstd, "l2");
+            say("dev_null",
+                fs::exists(fs::symlink_status(work + "/l1/dev/null")) ? "present" : "absent");
+            bool warned = false;
+            for (const auto& w : r1.warnings) warned |= w.find("dev/null") != std::string::npos;
+            say("device_warning", warned ? "yes" : "no");
+            say("user_opaque", xattr(work + "/l2/data", "user.overlay.opaque"));
+            struct stat wh {};
+            ::lstat((work + "/l2/etc/b").c_str(), &wh);
+            say("whiteout", S_ISCHR(wh.st_mode) && wh.st_rdev == makedev(0, 0) ? "yes" : "no");
+            const std::string merged = work + "/merged";
+            fs::create_directory(merged);
+            const std::string opts = "userxattr,lowerdir=" + work + "/l2:" + work + "/l1";
+            if (::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, opts.c_str()) != 0)
+                throw_sys("mount overlay (userxattr)", merged);
+            say("merged_b",
+                fs::exists(fs::symlink_status(merged + "/etc/b")) ? "present" : "absent");
+            std::string data;
+            for (const auto& e : fs::directory_iterator(merged + "/data"))
+                data += e.path().filename().string() + ",";
+            say("merged_data", data);
+            say("merged_a", read(merged + "/etc/a"));
+        } catch (const std::exception& e) {
+            say("error", e.what());
+        }
+        (void)!::write(report[1], out.data(), out.size());
+        _exit(0);
+    }
+    ::close(report[1]);
+    ::close(go[0]);
+    char unshared = 0;
+    ASSERT_EQ(::read(report[0], &unshared, 1), 1);
+    const std::string map = "0 " + std::to_string(kOutside) + " 65536\n";
+    const std::string proc = "/proc/" + std::to_string(child);
+    std::ofstream(proc + "/uid_map") << map;
+    std::ofstream(proc + "/gid_map") << map;
+    ASSERT_EQ(::write(go[1], "g", 1), 1);
+    ::close(go[1]);
+    std::string text;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(report[0], buf, sizeof buf)) > 0;) text.append(buf, n);
+    ::close(report[0]);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    EXPECT_EQ(text.find("error="), std::string::npos) << text;
+    EXPECT_NE(text.find("dev_null=absent\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("device_warning=yes\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("user_opaque=y\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("whiteout=yes\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("merged_b=absent\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("merged_data=new,\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("merged_a=a2\n"), std::string::npos) << text;
+    // Seen from the host: the image's ids inside the namespace, shifted by its map.
+    EXPECT_EQ(lstat_of(work + "/l1/usr/bin/tool").st_uid, kOutside);
+    EXPECT_EQ(lstat_of(work + "/l1/home/user/file").st_uid, kOutside + 1000);
+    EXPECT_EQ(xattr(work + "/l2/data", "trusted.overlay.opaque"), "<none>");
 }
