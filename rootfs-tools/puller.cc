@@ -59,6 +59,9 @@ Puller::Puller(ImageStore& store, RegistriesConfig registries, AuthConfig system
     : store_(store), registries_(std::move(registries)), system_auth_(std::move(system_auth)) {}
 
 Image Puller::pull(const Reference& ref, const PullOptions& options) {
+    // What this pull stores before its name is recorded is not yet needed by any name:
+    // remove() and prune() wait while it is held.
+    const auto hold = store_.hold_content();
     Pull pull(options, ref.str());
     AuthConfig auth = options.auth.value_or(AuthConfig{});
     auth.merge_over(system_auth_);
@@ -75,7 +78,11 @@ Image Puller::pull(const Reference& ref, const PullOptions& options) {
         auto c =
             std::make_unique<RegistryClient>(ep, auth.find(ep.host), options.timings, cancelled);
         try {
-            top = c->manifest(wanted, ref.digest);
+            top = c->manifest(wanted, ref.digest, [&](const std::string& why) {
+                pull.emit({PullEvent::Kind::retrying,
+                           ref.digest.value_or(Digest::from_hex(std::string(64, '0'))), 0, 0,
+                           "manifest " + wanted + ": " + why});
+            });
             client = std::move(c);
         } catch (const PullCancelled&) {
             throw;

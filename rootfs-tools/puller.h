@@ -10,7 +10,8 @@
 //    a layer's blob stays missing when nothing brought it (an export of the image then
 //    names it); every layer that is unpacked here keeps its blob.
 // Interrupted or cancelled, a pull leaves no name, no partial blob and no partial layer;
-// blobs and layers it completed stay (verified, and reused by the next pull).
+// blobs and layers it completed stay (verified, and reused by the next pull). A pull holds
+// the store's content (ImageStore::hold_content) throughout: remove and prune wait for it.
 #pragma once
 
 #include <atomic>
@@ -34,7 +35,8 @@ struct PullEvent {
         blob_progress,   // digest, done, total: bytes of a layer blob so far
         blob_done,       // digest, total: a layer blob downloaded and verified
         layer_unpacked,  // digest: the layer's blob; message: its diff_id
-        retrying,        // digest (a blob, or the manifest); message: why, which attempt
+        retrying,        // digest: the blob (the manifest's when pinned, else zeros);
+                         // message: why, which attempt
     };
     Kind kind;
     Digest digest;

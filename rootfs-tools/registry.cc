@@ -220,6 +220,11 @@ void RegistryClient::authenticate(const HttpResponse& answer) {
 HttpResponse RegistryClient::send(const std::string& path, HttpRequest request,
                                   const HttpSink* sink, size_t body_limit) {
     bool answered_challenge = false;
+    // An insecure registry may speak either scheme, and which one is learnt from the first
+    // answer. Until then a transport failure is tried once on the other scheme; if that
+    // fails too, the first scheme and its error stand (a connection dropped by the network
+    // is not a registry speaking the other protocol).
+    std::exception_ptr first_failure;
     for (;;) {
         HttpRequest r = request;
         r.url = base_url() + path;
@@ -231,12 +236,11 @@ HttpResponse RegistryClient::send(const std::string& path, HttpRequest request,
             ++requests_;
             got = http->get(r, sink, body_limit);
         } catch (const HttpTransportError&) {
-            // An insecure registry may speak either scheme: the first that answers is kept.
-            if (endpoint_.insecure && !scheme_settled_.exchange(true)) {
-                https_ = !https_;
-                continue;
-            }
-            throw;
+            if (!endpoint_.insecure || scheme_settled_) throw;
+            https_ = !https_;
+            if (first_failure) std::rethrow_exception(first_failure);
+            first_failure = std::current_exception();
+            continue;
         }
         if (endpoint_.insecure && !scheme_settled_.exchange(true) && !https_ && got.status == 400 &&
             got.body.find("HTTP request to an HTTPS server") != std::string::npos) {
@@ -281,11 +285,12 @@ auto RegistryClient::with_retries(const std::string& what, bool retry_unreachabl
     }
 }
 
-RegistryClient::ManifestResponse RegistryClient::manifest(const std::string& tag_or_digest,
-                                                          const std::optional<Digest>& expected) {
+RegistryClient::ManifestResponse RegistryClient::manifest(
+    const std::string& tag_or_digest, const std::optional<Digest>& expected,
+    const std::function<void(const std::string&)>& retrying) {
     const bool by_digest = tag_or_digest.rfind("sha256:", 0) == 0;
     const std::string what = "manifest " + repo_label() + (by_digest ? "@" : ":") + tag_or_digest;
-    HttpResponse got = with_retries(what, false, {}, [&] {
+    HttpResponse got = with_retries(what, false, retrying, [&] {
         HttpRequest r;
         r.headers = {kAccept};
         HttpResponse x = send("manifests/" + tag_or_digest, r, nullptr, 4 << 20);

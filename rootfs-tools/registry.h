@@ -75,7 +75,8 @@ class RegistryClient {
     // `expected`, the bytes must hash to it (BlobMismatch); otherwise, when the registry
     // says a Docker-Content-Digest, to that.
     ManifestResponse manifest(const std::string& tag_or_digest,
-                              const std::optional<Digest>& expected = {});
+                              const std::optional<Digest>& expected = {},
+                              const std::function<void(const std::string& why)>& retrying = {});
 
     // A small blob (an image config) into memory, verified against its descriptor.
     std::string small_blob(const Descriptor& blob, size_t limit = 16 << 20);

@@ -580,3 +580,59 @@ TEST_F(PullTest, MirrorsAndRewritesFromTheRegistriesConfig) {
               std::string::npos)
         << missing;
 }
+
+TEST_F(PullTest, AManifestAnswerCutShortIsRetried) {
+    LocalRegistry registry(dir_ + "/registry");
+    registry.push(dir_ + "/layout", "v1", "test/app:v1");
+    Proxy proxy(registry.port());
+    proxy.fault_once(Proxy::Fault::cut, "/manifests/v1", 200);  // inside the headers or body
+    ImageStore store(dir_ + "/store", 200000);
+    Puller puller(store, {}, {});
+    PullOptions o;
+    o.timings = quick();
+    std::vector<std::string> retries;
+    o.progress = [&](const PullEvent& e) {
+        if (e.kind == PullEvent::Kind::retrying) retries.push_back(e.message);
+    };
+    const Image im = puller.pull(
+        parse_reference("127.0.0.1:" + std::to_string(proxy.port()) + "/test/app:v1"), o);
+    EXPECT_TRUE(proxy.fault_happened());
+    EXPECT_EQ(im.manifest, app_manifest_);
+    EXPECT_EQ(proxy.count("/manifests/v1"), 2u);
+    ASSERT_EQ(retries.size(), 1u);
+    EXPECT_NE(retries[0].find("manifest v1"), std::string::npos) << retries[0];
+}
+
+TEST_F(PullTest, APruneDuringAPullWaitsForIt) {
+    LocalRegistry registry(dir_ + "/registry");
+    registry.push(dir_ + "/layout", "v1", "test/app:v1");
+    ImageStore store(dir_ + "/store", 200000);
+    Puller puller(store, {}, {});
+    const Reference ref = parse_reference(registry.host() + "/test/app:v1");
+    std::thread pruner;
+    std::atomic<bool> named_when_pruned{false};
+    PullOptions o;
+    o.progress = [&](const PullEvent& e) {
+        // A layer stored and unpacked, no name yet: everything is unreferenced right now.
+        if (e.kind == PullEvent::Kind::layer_unpacked && !pruner.joinable()) {
+            pruner = std::thread([&] {
+                store.prune({});
+                // It waited for the pull: the image had its name before prune looked.
+                named_when_pruned = store.find(ref).has_value();
+            });
+        }
+    };
+    std::optional<Image> im;
+    const std::string error = error_of([&] { im = puller.pull(ref, o); });
+    if (pruner.joinable()) pruner.join();
+    ASSERT_TRUE(im) << error;
+    EXPECT_TRUE(named_when_pruned);
+    for (const auto& l : im->layers) {
+        EXPECT_TRUE(fs::exists(store.layer_dir(l))) << l.str();
+    }
+    for (const auto& b : app_layers_) {
+        EXPECT_TRUE(store.blobs().has(b)) << b.str();
+    }
+    EXPECT_TRUE(store.blobs().has(app_config_));
+    expect_app_files(store, *im);
+}
