@@ -48,22 +48,26 @@ class ScratchArchive {
   public:
     ScratchArchive(BlobStore& blobs, const std::string& store_root, int in, int cancel_fd,
                    const std::string& label)
-        : path_(blobs.make_scratch_dir("import")) {
+        : dir_(blobs.make_scratch_dir("import")) {
         transfer::ExtractOptions x;
         x.cancel_fd = cancel_fd;
         transfer::extract_archive(in, transfer::Root::open(store_root),
-                                  path_.substr(store_root.size() + 1), x);
-        UniqueFd dir(::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-        if (!dir) throw_sys("open", path_);
+                                  dir_.path.substr(store_root.size() + 1), x);
+        UniqueFd dir(::open(dir_.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (!dir) throw_sys("open", dir_.path);
         source_.emplace(std::move(dir), label);
     }
-    ~ScratchArchive() { remove_tree(path_); }
-    ScratchArchive(const ScratchArchive&) = delete;
-    ScratchArchive& operator=(const ScratchArchive&) = delete;
     const SourceDir& source() const { return *source_; }
 
   private:
-    std::string path_;
+    // A member of its own: removed also when the constructor throws (a bad archive).
+    struct Dir {
+        explicit Dir(std::string p) : path(std::move(p)) {}
+        ~Dir() { remove_tree(path); }
+        Dir(const Dir&) = delete;
+        Dir& operator=(const Dir&) = delete;
+        std::string path;
+    } dir_;
     std::optional<SourceDir> source_;
 };
 

@@ -66,7 +66,15 @@ UniqueFd SourceDir::open_component(int at, const std::string& name, bool directo
         // mount check is below.
         fd = ::openat(at, name.c_str(), static_cast<int>(how.flags));
     }
-    if (fd < 0) throw_sys("open", where(rel));
+    if (fd < 0) {
+        const int err = errno;
+        // O_NOFOLLOW says ELOOP for a symlink, or ENOTDIR with O_DIRECTORY: say which.
+        struct stat lst;
+        if ((err == ELOOP || err == ENOTDIR) &&
+            ::fstatat(at, name.c_str(), &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode))
+            throw_sys("open", where(rel) + " (" + name + " is a symlink: never followed)", ELOOP);
+        throw_sys("open", where(rel), err);
+    }
     UniqueFd out(fd);
     struct stat st;
     if (::fstat(out.get(), &st) != 0) throw_sys("stat", where(rel));

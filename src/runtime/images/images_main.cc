@@ -3,7 +3,8 @@
 // sandboxes' range, device whiteouts, trusted.* xattrs). It serves berthd's typed requests
 // on one socketpair, several at once, and never sees a client byte: what a client gives it
 // (an archive, a directory, a place to export to) arrives as an fd the client opened.
-// It dies with berthd: EOF on the channel, and PR_SET_PDEATHSIG for good measure.
+// It dies with berthd: at EOF on the channel it exits at once, cutting short what runs (the
+// store is made to be cut anywhere; the next open sweeps what is left).
 #include <fcntl.h>
 #include <pwd.h>
 #include <signal.h>
@@ -43,8 +44,10 @@ int main(int argc, char** argv) {
     CLI11_PARSE(app, argc, argv);
 
     ::prctl(PR_SET_NAME, "berth-images");
-    // When berthd dies, so do we, even while a request keeps us from reading the channel.
-    // (Set after the fork: if berthd went before this line, our parent is not it any more.)
+    // When berthd dies before it has dropped its privileges, so do we. Afterwards the
+    // kernel drops the signal (an unprivileged parent may not signal a root child): the
+    // channel's EOF is what ends us then. (Checked after the prctl: if berthd went before
+    // it, our parent is not berthd any more.)
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) return 1;
     ::signal(SIGPIPE, SIG_IGN);
@@ -88,7 +91,7 @@ int main(int argc, char** argv) {
         }
     }
     images_service::Service(*store, channel, std::move(pulling)).serve();
-    // Jobs that did not stop in time may still use the store: leave without destructors.
+    // Jobs still run and use the store: leave without destructors, cutting them short.
     std::cout.flush();
     std::cerr.flush();
     ::_exit(0);

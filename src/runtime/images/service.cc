@@ -23,10 +23,6 @@ using images::Image;
 
 namespace {
 
-// How long a closing service waits for its jobs to see their cancel before it goes anyway
-// (what they leave is not trusted: the store's next open sweeps it).
-constexpr auto kDrainTimeout = std::chrono::seconds(10);
-
 // An exception as the protocol's error: the code says what kind of failure it was, the
 // message what failed. `fallback` for system errors that say nothing more specific (a bad
 // archive on import, a store problem elsewhere).
@@ -143,15 +139,13 @@ void Service::serve() {
         }
         dispatch(std::move(request), std::move(fds));
     }
-    // berthd is gone (or closed the channel): nothing will read a reply. Stop the work in
-    // progress; what it leaves is never trusted (see ImageStore, BlobStore).
-    std::unique_lock lock(jobs_mu_);
+    // berthd is gone (or closed the channel): nothing will read a reply, and nothing a
+    // client was told had failed may appear later. The work in progress is stopped by our
+    // exit, not waited for (waiting would let an import record its name): everything in
+    // the store is made to be cut at any point, and what a cut leaves is swept at the next
+    // open. The jobs are flagged first so that none starts anything new meanwhile.
+    std::lock_guard lock(jobs_mu_);
     for (auto& [id, job] : jobs_) job->stop();
-    if (!jobs_done_.wait_for(lock, kDrainTimeout, [&] { return jobs_.empty(); })) {
-        std::cerr << "berth-images: " << jobs_.size()
-                  << " request(s) still running after the channel closed; leaving them"
-                  << std::endl;
-    }
 }
 
 void Service::dispatch(v1::images::Request request, std::vector<UniqueFd> fds) {
@@ -226,7 +220,6 @@ void Service::spawn(uint64_t id, std::function<void(Job&)> work) {
         }
         std::lock_guard lock(jobs_mu_);
         jobs_.erase(job->id);
-        jobs_done_.notify_all();
     }).detach();
 }
 

@@ -5,7 +5,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -34,8 +33,8 @@ class Service {
   public:
     Service(images::ImageStore& store, int channel, Pulling pulling);
 
-    // Serves until berthd closes the channel; then cancels what runs, waits for it a while
-    // and returns.
+    // Serves until berthd closes the channel; then flags what runs as cancelled and
+    // returns: the caller must exit at once (_exit), cutting it short.
     void serve();
 
   private:
@@ -67,7 +66,6 @@ class Service {
     Pulling pulling_;
     std::mutex write_mu_;
     std::mutex jobs_mu_;
-    std::condition_variable jobs_done_;
     std::map<uint64_t, std::shared_ptr<Job>> jobs_;
 };
 
