@@ -31,6 +31,7 @@ BUILD_DIR = berth_proto.BUILD_DIR
 BERTHD = BUILD_DIR / "src/runtime/berthd"
 BERTH = BUILD_DIR / "src/runtime/berth"
 HELPER = BUILD_DIR / "src/runtime/berth-helper"
+IMAGES = BUILD_DIR / "src/runtime/berth-images"
 BUSYBOX = Path("/bin/busybox")
 HERE = Path(__file__).resolve().parent
 
@@ -60,7 +61,7 @@ def pytest_report_header(config):
 @pytest.fixture(scope="session", autouse=True)
 def require_root():
     _need(os.geteuid() == 0, "needs root")
-    for binary in (BERTHD, BERTH, HELPER):
+    for binary in (BERTHD, BERTH, HELPER, IMAGES):
         if not binary.exists():
             pytest.fail(f"{binary} is missing: build first (ninja -C {BUILD_DIR})", pytrace=False)
     if not BUSYBOX.exists():
@@ -155,6 +156,7 @@ class Daemon:
         self.log_path = self.dir / "berthd.log"
         self.proc = None
         self.helper_pid = None
+        self.images_pid = None
         self.starts = 0
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -192,6 +194,10 @@ class Daemon:
                    if hostutil.comm(p) == "berth-helper"]
         assert len(helpers) == 1, f"expected one berth-helper child of berthd, got {helpers}"
         self.helper_pid = helpers[0]
+        images = [p for p in hostutil.children(self.proc.pid)
+                  if hostutil.comm(p) == "berth-images"]
+        assert len(images) == 1, f"expected one berth-images child of berthd, got {images}"
+        self.images_pid = images[0]
         return self
 
     def log(self) -> str:
@@ -204,14 +210,15 @@ class Daemon:
         return self.proc is not None and self.proc.poll() is None
 
     def _wait_helper_gone(self, timeout: float):
-        pid = self.helper_pid
-        if pid is None:
-            return
-        hostutil.wait_for(lambda: not hostutil.pid_alive(pid), timeout,
-                          what=f"berth-helper {pid} to exit once berthd was gone")
+        for name, pid in (("berth-helper", self.helper_pid), ("berth-images", self.images_pid)):
+            if pid is None:
+                continue
+            hostutil.wait_for(lambda: not hostutil.pid_alive(pid), timeout,
+                              what=f"{name} {pid} to exit once berthd was gone")
 
     def kill(self):
-        """SIGKILLs berthd; its helper must exit by itself when the socket pair closes."""
+        """SIGKILLs berthd; its helper and berth-images must exit by themselves (socket pair
+        closed; berth-images also by PR_SET_PDEATHSIG)."""
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
         self._wait_helper_gone(10)
@@ -229,8 +236,7 @@ class Daemon:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
                 raise AssertionError("berthd ignored SIGTERM for 10 s")
-        if self.helper_pid and hostutil.pid_alive(self.helper_pid):
-            self._wait_helper_gone(10)
+        self._wait_helper_gone(10)
 
     # ---- clients -----------------------------------------------------------------------
     def cli(self, *args, input=None, timeout: float = 60, env=None):
