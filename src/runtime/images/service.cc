@@ -242,8 +242,7 @@ void Service::pull(Job& job, const v1::PullImage& request) {
         *reply.mutable_progress() = p;
         send(reply);
     };
-    // Blobs a pull has stored are not named until its end: prune must wait for it.
-    auto hold = store_.hold_content();
+    // (The puller holds the store's content against remove and prune until it is named.)
     const Image image = pulling_.pull(request, progress, job.cancel);
     v1::images::Reply reply;
     reply.set_id(job.id);
