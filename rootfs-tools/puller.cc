@@ -92,7 +92,21 @@ Image Puller::pull(const Reference& ref, const PullOptions& options) {
                 continue;
             }
             if (tried.empty()) throw;
-            throw RegistryError(std::string(e.what()) + " (mirrors tried first: " + tried + ")");
+            // The registry's own error, its kind and status kept, with what the mirrors said.
+            const std::string all = std::string(e.what()) + " (mirrors tried first: " + tried + ")";
+            try {
+                throw;
+            } catch (const RegistryAuthError& r) {
+                throw RegistryAuthError(all, r.status());
+            } catch (const RegistryError& r) {
+                throw RegistryError(all, r.status());
+            } catch (const BlobMismatch&) {
+                throw BlobMismatch(all);
+            } catch (const ManifestError&) {
+                throw ManifestError(all);
+            } catch (const std::exception&) {
+                throw RegistryError(all);
+            }
         }
     }
     pull.emit({PullEvent::Kind::resolved, top.digest, 0, 0, client->endpoint().str()});

@@ -571,8 +571,14 @@ TEST_F(PullTest, MirrorsAndRewritesFromTheRegistriesConfig) {
     EXPECT_EQ(endpoint, registry.host() + "/hub/test/app");
     EXPECT_TRUE(store.find(parse_reference("test/app:v1")));
 
-    // Nothing anywhere: the registry's error, with what the mirror said.
-    const std::string missing = error_of([&] { puller.pull(parse_reference("test/none:1")); });
+    // Nothing anywhere: the registry's error (a 404), with what the mirror said.
+    std::string missing;
+    try {
+        puller.pull(parse_reference("test/none:1"));
+    } catch (const RegistryError& e) {
+        missing = e.what();
+        EXPECT_EQ(e.status(), 404);
+    }
     EXPECT_NE(missing.find("manifest " + registry.host() + "/hub/test/none:1: not found"),
               std::string::npos)
         << missing;
