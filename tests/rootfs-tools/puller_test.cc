@@ -404,6 +404,43 @@ TEST_F(PullTest, ADroppedConnectionIsResumedWithRange) {
     EXPECT_EQ(sha256_of(slurp(store.layer_dir(im.layers[0]) + "/data/random.bin")), big_sha_);
 }
 
+TEST_F(PullTest, ARegistryThatIgnoresTheRangeGetsTheBlobAgainFromTheStart) {
+    const std::string layout = make_big_layout(6);
+    LocalRegistry registry(dir_ + "/registry");
+    registry.push(layout, "v1", "test/big:v1");
+    Proxy proxy(registry.port());
+    proxy.strip_range();  // the resumed request gets a 200 with the whole blob
+    proxy.fault_once(Proxy::Fault::cut, "/blobs/" + big_layer_.str(), 2 << 20);
+    ImageStore store(dir_ + "/store", 200000);
+    Puller puller(store, {}, {});
+    PullOptions o;
+    o.timings = quick();
+    const Image im = puller.pull(
+        parse_reference("127.0.0.1:" + std::to_string(proxy.port()) + "/test/big:v1"), o);
+    EXPECT_TRUE(proxy.fault_happened());
+    EXPECT_EQ(proxy.count("/blobs/" + big_layer_.str() + " range="), 1u)
+        << ::testing::PrintToString(proxy.requests());
+    EXPECT_EQ(sha256_of(slurp(store.layer_dir(im.layers[0]) + "/data/random.bin")), big_sha_);
+}
+
+TEST_F(PullTest, ABlobMissingFromTheRegistryIsNamed) {
+    LocalRegistry registry(dir_ + "/registry");
+    registry.push(dir_ + "/layout", "v1", "test/app:v1");
+    fs::remove_all(fs::path(registry.blob_data(app_layers_[1])).parent_path());
+    ImageStore store(dir_ + "/store", 200000);
+    Puller puller(store, {}, {});
+    const Reference ref = parse_reference(registry.host() + "/test/app:v1");
+    try {
+        puller.pull(ref);
+        ADD_FAILURE() << "pulled an image with a missing blob";
+    } catch (const RegistryError& e) {
+        EXPECT_EQ(e.status(), 404);
+        EXPECT_EQ(std::string(e.what()), "blob " + app_layers_[1].str() + " of " + registry.host() +
+                                             "/test/app: not found (HTTP 404)");
+    }
+    EXPECT_FALSE(store.find(ref));
+}
+
 TEST_F(PullTest, AStalledConnectionIsNoticedAndResumed) {
     const std::string layout = make_big_layout(4);
     LocalRegistry registry(dir_ + "/registry");

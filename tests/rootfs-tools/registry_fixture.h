@@ -162,6 +162,8 @@ class Proxy {
         fault_after_ = after_bytes;
     }
     bool fault_happened() const { return fault_done_.load(); }
+    // Requests go upstream without their Range header (a registry that ignores ranges).
+    void strip_range() { strip_range_ = true; }
     // "GET /v2/x/blobs/sha256:.. range=N-" lines, in order.
     std::vector<std::string> requests() const {
         std::lock_guard lock(mu_);
@@ -193,12 +195,20 @@ class Proxy {
                 const ssize_t n = ::recv(client, buf, sizeof buf, 0);
                 if (n <= 0) return;
                 head.append(buf, static_cast<size_t>(n));
+                const bool rewrite = strip_range_;
                 for (size_t end; (end = head.find("\r\n\r\n")) != std::string::npos;) {
-                    target = note(head.substr(0, end));
+                    std::string request = head.substr(0, end + 4);
+                    target = note(request.substr(0, end));
                     answered = 0;
                     head.erase(0, end + 4);
+                    // (GET requests: no bodies follow their heads.)
+                    if (rewrite) {
+                        if (size_t r = request.find("\r\nRange: "); r != std::string::npos)
+                            request.erase(r, request.find("\r\n", r + 2) - r);
+                        if (!send_all(up.get(), request)) return;
+                    }
                 }
-                if (!send_all(up.get(), std::string_view(buf, static_cast<size_t>(n)))) return;
+                if (!rewrite && !send_all(up.get(), std::string_view(buf, size_t(n)))) return;
             }
             if (!stalled && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
                 const ssize_t n = ::recv(up.get(), buf, sizeof buf, 0);
@@ -248,6 +258,7 @@ class Proxy {
     std::string fault_path_;
     size_t fault_after_ = 0;
     std::atomic<bool> fault_done_{false};
+    std::atomic<bool> strip_range_{false};
     TcpServer server_;  // last: its threads use the members above
 };
 
