@@ -79,7 +79,10 @@ std::optional<std::string> mirror_in_deb822_file(const std::string& path) {
         if (colon == std::string::npos) continue;
         std::string key = line.substr(0, colon);
         for (auto& c : key) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        fields[key] = line.substr(colon + 1);
+        std::string value = line.substr(colon + 1);
+        value.erase(0, value.find_first_not_of(" \t"));
+        value.erase(value.find_last_not_of(" \t\r") + 1);
+        fields[key] = value;
     }
     return check();
 }
@@ -309,6 +312,8 @@ Image bootstrap_image(ImageStore& store, std::string_view source, const Referenc
     config.env = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"};
     config.cmd = {"/bin/bash"};
     config.created = now_rfc3339();
+    // Its layer blob is stored before its name: prune and remove must wait for the name.
+    const auto hold = store.hold_content();
     return store.import_rootfs_dir(target, name, config);
 }
 

@@ -92,3 +92,40 @@ TEST(FramedSocket, FdsBelongToTheirFrameInLargeFrames) {
     auto got = exchange({{1, true}, {2, false}, {3, true}, {4, false}}, 200'000);
     expect_fds_on(got, {1, 3}, 4);
 }
+
+TEST(FramedSocket, SendsFdsWithTheirFrame) {
+    // How berthd hands a client's fd on to berth-images: queued frames, some with an fd,
+    // small and larger than the socket takes at once; each fd arrives with its frame.
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    UniqueFd reader(sv[0]);
+    asio::io_context io;
+    auto socket = std::make_shared<FramedSocket>(
+        UnixSocket(io, asio::local::stream_protocol(), sv[1]), 16u << 20);
+    socket->start([](FramedSocket::Event, std::string&&) {});
+    const std::vector<std::pair<size_t, bool>> frames = {
+        {10, false}, {10, true}, {1'000'000, true}, {10, false}, {300'000, true}, {10, true}};
+    for (size_t i = 0; i < frames.size(); ++i) {
+        std::vector<UniqueFd> fds;
+        if (frames[i].second) {
+            int p[2];
+            ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+            fds.emplace_back(p[0]);
+            ::close(p[1]);
+        }
+        socket->send(wire::encode_frame(message(i + 1, frames[i].first)), std::move(fds));
+    }
+    std::vector<Received> got;
+    std::thread receiver([&] {
+        for (size_t i = 0; i < frames.size(); ++i) {
+            v1::ClientMessage m;
+            std::vector<UniqueFd> fds;
+            ASSERT_EQ(wire::read_frame(reader.get(), m, 16u << 20, &fds), wire::ReadStatus::ok);
+            got.push_back({m.id(), std::move(fds)});
+        }
+        io.stop();
+    });
+    io.run();
+    receiver.join();
+    expect_fds_on(got, {2, 3, 5, 6}, frames.size());
+}
