@@ -3,6 +3,7 @@
 //   {"samples_ms": [...], "failures": N, "errors": ["..."]}
 // Workloads:
 //   cold   create a sandbox, run `true`, delete it                   (one sample each)
+//   create create a sandbox (timed), then delete it (not timed)      (one sample each)
 //   exec   one sandbox; run COMMAND (after --) and check its stdout   (one sample each)
 //   trial  create, 20 x `true`, copy FILE in, copy /etc out, delete  (one sample each;
 //          with --parallel K, K trials at once on K connections, the batch's wall time)
@@ -120,7 +121,7 @@ int main(int argc, char** argv) {
     rootfs->excludes(image);
     app.add_option("--workload", workload)
         ->required()
-        ->check(CLI::IsMember({"cold", "exec", "trial"}));
+        ->check(CLI::IsMember({"cold", "create", "exec", "trial"}));
     app.add_option("-n,--iterations", iterations);
     app.add_option("--warmup", warmup);
     app.add_option("--parallel", parallel, "trials at once (trial)");
@@ -156,6 +157,11 @@ int main(int argc, char** argv) {
                 run(c, id, {"true"});
                 remove(c, id);
                 ms = ms_since(t);
+            } else if (workload == "create") {
+                auto t = Clock::now();
+                std::string id = create(c, cfg);
+                ms = ms_since(t);
+                remove(c, id);
             } else if (workload == "exec") {
                 auto t = Clock::now();
                 run(c, hot, cfg.command, cfg.expect_stdout);
