@@ -605,6 +605,40 @@ def test_berthd_killed_mid_bootstrap_leaves_nothing(fresh_daemon):
     assert untrusted_leftovers(d) == []
 
 
+def test_cancel_and_a_client_leaving_stop_a_bootstrap(daemon):
+    def debootstraps():
+        return [p for p in hostutil.descendants(daemon.images_pid)
+                if hostutil.comm(p) == "debootstrap"]
+
+    conn = daemon.connect()
+    try:
+        rid = conn.request("bootstrap_image", pb.BootstrapImage(source="debian:bookworm",
+                                                                name="it/cancelled:1"))
+        hostutil.wait_for(debootstraps, 60, what="debootstrap to start")
+        conn.cancel(rid)
+        t0 = time.monotonic()
+        with pytest.raises(berth_proto.BerthError) as e:
+            while True:  # progress lines, then the end
+                msg = conn.wait_reply(rid, timeout=60)
+                assert msg.HasField("image_progress"), msg
+        assert e.value.code_name == "CANCELED", e.value
+        assert time.monotonic() - t0 < 15
+        hostutil.wait_for(lambda: not debootstraps(), 15, what="debootstrap to be killed")
+    finally:
+        conn.close()
+    # A client that goes away takes its request with it.
+    conn = daemon.connect()
+    conn.request("bootstrap_image", pb.BootstrapImage(source="debian:bookworm",
+                                                      name="it/cancelled:1"))
+    hostutil.wait_for(debootstraps, 60, what="debootstrap to start")
+    conn.close()
+    hostutil.wait_for(lambda: not debootstraps(), 15, what="debootstrap to be killed")
+    hostutil.wait_for(lambda: untrusted_leftovers(daemon) == [], 15,
+                      what="the bootstrap's scratch to go")
+    assert named(daemon, "docker.io/it/cancelled:1") is None
+    assert_daemon_serves(daemon)
+
+
 # ---- a Debian base, made here ------------------------------------------------------------
 
 def test_bootstrap_debian_bookworm(daemon):
