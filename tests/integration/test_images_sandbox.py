@@ -313,3 +313,32 @@ def _wait_gone(pid: int, timeout: float = 15):
     import hostutil
     hostutil.wait_for(lambda: not hostutil.pid_alive(pid), timeout,
                       what=f"berth-images {pid} to exit once berthd was killed")
+
+
+def test_registries_conf_points_docker_io_at_a_lab_registry(base_dir, images, tmp_path):
+    """An offline lab: docker.io rewritten to a loopback registry, and (second daemon) a
+    mirror tried before a docker.io location that does not answer."""
+    with fx.Registry(base_dir / "registry-lab") as reg:
+        fx.push_oci_layout(images["busybox"].layout, "latest", reg, "library/busybox", "lab")
+        rewrite = tmp_path / "rewrite.conf"
+        rewrite.write_text(f'[[registry]]\nprefix = "docker.io"\nlocation = "{reg.host}"\n')
+        mirror = tmp_path / "mirror.conf"
+        mirror.write_text('[[registry]]\nprefix = "docker.io"\nlocation = "127.0.0.1:1"\n'
+                          f'[[registry.mirror]]\nlocation = "{reg.host}"\n')
+        for conf in (rewrite, mirror):
+            d = Daemon(base_dir, extra_args=["--registries-conf", str(conf)]).start()
+            try:
+                pull(d, "busybox:lab")
+                assert image_named(d, "docker.io/library/busybox:lab") is not None
+                assert d.cli_ok("run", "--rm", "busybox:lab", "--", "cat",
+                                "/home/alice/hello.txt")
+            finally:
+                d.stop()
+        bad = tmp_path / "bad.conf"
+        bad.write_text('[[registry]]\nprefix = "docker.io"\nlocaton = "typo:5000"\n')
+        d = Daemon(base_dir, extra_args=["--registries-conf", str(bad)]).start()
+        try:
+            r = d.cli("pull", "--quiet", "busybox:lab", timeout=60)
+            assert r.returncode != 0 and "locaton" in r.stderr, r.stderr
+        finally:
+            d.stop()

@@ -58,14 +58,16 @@ pid_t start_helper(const std::string& path, int channel, const std::vector<std::
 // berth-images: root like the helper (it unpacks layers with their owners, devices and
 // trusted xattrs), with a channel of its own; it dies with us (PR_SET_PDEATHSIG on our pid).
 UniqueFd start_images(const std::string& path, const std::string& state_dir,
-                      const std::string& user) {
+                      const std::string& user, const std::string& registries_conf,
+                      const std::string& auth_file) {
     int pair[2];
     check_sys("socketpair", "images channel",
               [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair); });
     UniqueFd ours(pair[0]), theirs(pair[1]);
     start_helper(path, theirs.get(),
                  {"--channel-fd", std::to_string(theirs.get()), "--parent-pid",
-                  std::to_string(::getpid()), "--state-dir", state_dir, "--service-user", user});
+                  std::to_string(::getpid()), "--state-dir", state_dir, "--service-user", user,
+                  "--registries-conf", registries_conf, "--auth-file", auth_file});
     return ours;
 }
 
@@ -105,6 +107,8 @@ int main(int argc, char** argv) {
     std::string helper_path = sibling_binary("berth-helper");
     std::string images_path = sibling_binary("berth-images");
     std::string cgroup_parent = "berth";
+    std::string registries_conf = "/etc/berth/registries.conf";
+    std::string auth_file = "/etc/berth/auth.json";
     double lease_seconds = 60;
     uint32_t max_frame = wire::kDefaultMaxFrame;
     app.add_option("--runtime-dir", runtime_dir,
@@ -117,6 +121,10 @@ int main(int argc, char** argv) {
     app.add_option("--helper", helper_path, "path of berth-helper");
     app.add_option("--images", images_path, "path of berth-images (the image store's process)");
     app.add_option("--cgroup-parent", cgroup_parent, "cgroup directory that holds sandboxes");
+    app.add_option("--registries-conf", registries_conf,
+                   "registry mirrors and rewrites (TOML, like containers' registries.conf)");
+    app.add_option("--auth-file", auth_file,
+                   "the system's registry credentials (docker's config.json format)");
     app.add_option("--lease", lease_seconds,
                    "seconds a non-persistent sandbox outlives its client's connection");
     app.add_option("--max-frame", max_frame, "largest accepted frame in bytes");
@@ -157,7 +165,8 @@ int main(int argc, char** argv) {
              "--state-dir", state_dir, "--service-user", user, "--daemon-uid", std::to_string(uid),
              "--daemon-gid", std::to_string(gid), "--cgroup-parent", cgroup_parent});
         theirs.reset();
-        UniqueFd images_channel = start_images(images_path, state_dir, user);
+        UniqueFd images_channel =
+            start_images(images_path, state_dir, user, registries_conf, auth_file);
 
         drop_privileges(uid, gid);
 
