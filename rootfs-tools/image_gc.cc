@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "rootfs-tools/image_lookup.h"
 #include "rootfs-tools/image_store.h"
 
 namespace berth::images {
@@ -191,13 +192,13 @@ RemoveResult ImageStore::remove(const Image& image, const std::vector<InUse>& in
             throw ImageInUse("image " + image.name + " is used by sandbox " + use.sandbox +
                              " (delete the sandbox first, or force to remove only the name)");
         }
-        if (!forget(image.name)) throw ManifestError("no image named " + image.name);
+        if (!forget(image.name)) throw ImageNotFound("no image named " + image.name);
         result.untagged.push_back(image.name);
         return result;
     }
     // The content goes under the exclusive lock, so no import that will need it is half way.
     std::unique_lock lock(content_mu_);
-    if (!forget(image.name)) throw ManifestError("no image named " + image.name);
+    if (!forget(image.name)) throw ImageNotFound("no image named " + image.name);
     result.untagged.push_back(image.name);
     std::vector<Digest> blobs{image.manifest, image.config};
     if (blobs_.has(image.manifest)) {

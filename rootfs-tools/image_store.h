@@ -113,7 +113,8 @@ class ImageStore {
     // Removes the name `image.name`. Unless a sandbox uses its manifest (`in_use`), the
     // image's blobs and layers that no other name and no sandbox uses go too. An image in
     // use is refused with ImageInUse naming the sandbox, unless `force`: then only the name
-    // goes. Waits for imports and pulls in progress (hold_content).
+    // goes. ImageNotFound (image_lookup.h) if the name is gone already. Waits for imports
+    // and pulls in progress (hold_content).
     RemoveResult remove(const Image& image, const std::vector<InUse>& in_use, bool force);
     // Removes every blob and layer that no named image and no manifest in `in_use` needs,
     // and what interrupted unpacks and removals left. Waits like remove().

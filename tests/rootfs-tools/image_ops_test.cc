@@ -290,7 +290,7 @@ TEST_F(ImageOpsTest, RemoveAndPruneKeepWhatIsNamedOrInUse) {
     EXPECT_TRUE(entries(dir_ + "/store/layers").empty());
     EXPECT_TRUE(store.blobs().list().empty());
     EXPECT_GT(r.freed_bytes, 0u);
-    EXPECT_THROW(store.remove(a, {}, false), ManifestError);  // no such name any more
+    EXPECT_THROW(store.remove(a, {}, false), ImageNotFound);  // no such name any more
 }
 
 TEST_F(ImageOpsTest, PruneWaitsForAnImportThatHoldsTheContent) {
