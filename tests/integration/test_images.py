@@ -639,6 +639,22 @@ def test_cancel_and_a_client_leaving_stop_a_bootstrap(daemon):
     assert_daemon_serves(daemon)
 
 
+def test_sandboxes_go_on_when_berth_images_dies(fresh_daemon, busybox_rootfs):
+    d = fresh_daemon
+    sid = d.create(busybox_rootfs)
+    os.kill(d.images_pid, signal.SIGKILL)
+    hostutil.wait_for(lambda: not hostutil.pid_alive(d.images_pid), 10, what="berth-images")
+    r = d.cli("images")
+    assert r.returncode == 125 and "berth-images" in r.stderr and "restart berthd" in r.stderr
+    r = d.cli("create", "busybox:latest")
+    assert r.returncode == 125 and "berth-images" in r.stderr, r.stderr
+    # Everything else is served as before.
+    assert d.cli_ok("exec", sid, "--", "echo", "still") == "still\n"
+    assert sid in d.ids()
+    assert d.alive()
+    d.images_pid = None  # (gone on purpose: the teardown need not wait for it)
+
+
 # ---- a Debian base, made here ------------------------------------------------------------
 
 def test_bootstrap_debian_bookworm(daemon):
