@@ -13,6 +13,7 @@
 #include <openssl/x509.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -441,6 +442,9 @@ class LocalRegistry {
         std::ofstream(dir_ + "/config.yml") << config;
         pid_ = ::fork();
         if (pid_ == 0) {
+            // A test that dies without its destructors (a crash, std::terminate) must not
+            // leave a registry behind.
+            ::prctl(PR_SET_PDEATHSIG, SIGTERM);
             const int log = ::open((dir_ + "/registry.log").c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
             ::dup2(log, 1);
