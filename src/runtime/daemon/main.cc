@@ -56,7 +56,8 @@ pid_t start_helper(const std::string& path, int channel, const std::vector<std::
 }
 
 // berth-images: root like the helper (it unpacks layers with their owners, devices and
-// trusted xattrs), with a channel of its own; it dies with us (PR_SET_PDEATHSIG on our pid).
+// trusted xattrs), with a channel of its own; it exits when that channel closes (when we
+// die: a death signal could not reach it once we are unprivileged).
 UniqueFd start_images(const std::string& path, const std::string& state_dir,
                       const std::string& user, const std::string& registries_conf,
                       const std::string& auth_file) {
