@@ -159,6 +159,11 @@ void Server::handle_image(const std::shared_ptr<Session>& session, const v1::Cli
             u->set_sandbox(s->info.id() +
                            (s->info.name().empty() ? "" : " (" + s->info.name() + ")"));
         }
+        for (const auto& digest : creating_images_) {
+            auto* u = request.add_in_use();
+            u->set_manifest_digest(digest);
+            u->set_sandbox("a sandbox being created");
+        }
     };
     switch (msg.body_case()) {
         case v1::ClientMessage::kPullImage:

@@ -380,9 +380,13 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
     if (!info.resources().pids()) info.mutable_resources()->set_pids(kDefaultPids);
     info.set_persistent(req.persistent());
 
+    if (image) creating_images_.insert(image->manifest_digest);
     helper_.call(std::move(hreq), [this, weak, session_id, id, req,
                                    info = std::move(info)](const v1::helper::Reply& reply) mutable {
         pending_names_.erase(req.name());
+        if (!info.image_digest().empty()) {
+            creating_images_.erase(creating_images_.find(info.image_digest()));
+        }
         auto session = weak.lock();
         if (!reply.error().empty()) {
             if (session)

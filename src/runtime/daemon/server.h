@@ -116,6 +116,9 @@ class Server {
     std::map<uint64_t, std::shared_ptr<Session>> sessions_;
     uint64_t next_session_ = 1;
     std::set<std::string> pending_names_;
+    // Manifest digests of images whose sandboxes are being created (resolved, not yet in
+    // the registry): in use, for remove and prune, like those of live sandboxes.
+    std::multiset<std::string> creating_images_;
     int dev_null_ = -1;
     ImageResolver resolve_image_;
 
