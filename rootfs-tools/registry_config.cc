@@ -39,16 +39,6 @@ std::string normalize_host(std::string_view key) {
     return is_docker_hub(host) ? "docker.io" : host;
 }
 
-// The file's text, or nothing when it does not exist (any other failure throws).
-std::optional<std::string> read_if_exists(const std::string& path) {
-    try {
-        return read_file(path);
-    } catch (const SysError& e) {
-        if (e.code() == ENOENT) return std::nullopt;
-        throw;
-    }
-}
-
 }  // namespace
 
 bool is_loopback_host(std::string_view h) {
@@ -111,7 +101,7 @@ AuthConfig AuthConfig::parse(std::string_view text, const std::string& what) {
 }
 
 AuthConfig AuthConfig::load(const std::string& path) {
-    auto text = read_if_exists(path);
+    auto text = read_file_if_exists(path);
     return text ? parse(*text, path) : AuthConfig{};
 }
 
@@ -224,7 +214,7 @@ RegistriesConfig RegistriesConfig::parse(std::string_view text, const std::strin
 }
 
 RegistriesConfig RegistriesConfig::load(const std::string& path) {
-    auto text = read_if_exists(path);
+    auto text = read_file_if_exists(path);
     return text ? parse(*text, path) : RegistriesConfig{};
 }
 

@@ -23,6 +23,15 @@ std::string read_file(const std::string& path) {
     return out;
 }
 
+std::optional<std::string> read_file_if_exists(const std::string& path) {
+    try {
+        return read_file(path);
+    } catch (const SysError& e) {
+        if (e.code() == ENOENT) return std::nullopt;
+        throw;
+    }
+}
+
 void write_all(int fd, std::string_view data, std::string_view what) {
     while (!data.empty()) {
         ssize_t n = check_sys("write", what, [&] { return ::write(fd, data.data(), data.size()); });

@@ -1,12 +1,15 @@
 // Small, exact file helpers: whole-file reads and writes with errors that name the path.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
 namespace berth {
 
 std::string read_file(const std::string& path);
+// The file's contents, or nullopt when it does not exist (any other failure throws).
+std::optional<std::string> read_file_if_exists(const std::string& path);
 // Writes `data` with one write(2) to an existing file (cgroup and /proc files want this).
 void write_file(const std::string& path, std::string_view data);
 // write(2) until all of `data` is written (EINTR retried); SysError naming `what`.

@@ -122,15 +122,6 @@ uint64_t read_u64(const std::string& path) {
     return parse_u64(read_file(path), path);
 }
 
-std::optional<std::string> read_if_exists(const std::string& path) {
-    try {
-        return read_file(path);
-    } catch (const SysError& e) {
-        if (e.code() == ENOENT) return std::nullopt;
-        throw;
-    }
-}
-
 std::vector<std::string> read_controllers(const std::string& path) {
     std::string text = read_file(path);
     std::vector<std::string> out;
@@ -174,7 +165,7 @@ void remove_dir(const std::string& path, Clock::time_point deadline) {
 
 std::vector<pid_t> read_pids(const std::string& procs) {
     std::vector<pid_t> pids;
-    std::optional<std::string> text = read_if_exists(procs);
+    std::optional<std::string> text = read_file_if_exists(procs);
     if (!text) return pids;
     for (std::string_view line : split(*text, '\n')) {
         // 0 stands for a task outside our pid namespace; kill(0) would hit our own group.

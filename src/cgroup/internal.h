@@ -65,8 +65,6 @@ std::optional<uint64_t> find_key(std::string_view text, std::string_view key);
 uint64_t parse_u64(std::string_view text, std::string_view what);
 // A file holding one decimal number.
 uint64_t read_u64(const std::string& path);
-// The file's contents, or nullopt when it does not exist.
-std::optional<std::string> read_if_exists(const std::string& path);
 // The space-separated names in cgroup.controllers or cgroup.subtree_control.
 std::vector<std::string> read_controllers(const std::string& path);
 bool exists(const std::string& path);

@@ -54,7 +54,7 @@ class V2Cgroup final : public Cgroup {
         s.cpu_usage_ns = find_key(read_file(dir_ + "/cpu.stat"), "usage_usec").value_or(0) * 1000;
         s.memory_bytes = read_u64(dir_ + "/memory.current");
         // memory.peak arrived in Linux 5.19.
-        if (auto peak = read_if_exists(dir_ + "/memory.peak"))
+        if (auto peak = read_file_if_exists(dir_ + "/memory.peak"))
             s.memory_peak_bytes = parse_u64(*peak, dir_ + "/memory.peak");
         s.pids = read_u64(dir_ + "/pids.current");
         s.oom_kills = oom_kills();
@@ -67,7 +67,7 @@ class V2Cgroup final : public Cgroup {
 
     // cgroup.events covers descendants too, unlike cgroup.procs; a removed cgroup is empty.
     bool populated() const override {
-        auto events = read_if_exists(dir_ + "/cgroup.events");
+        auto events = read_file_if_exists(dir_ + "/cgroup.events");
         return events && find_key(*events, "populated").value_or(0) != 0;
     }
 
