@@ -23,9 +23,7 @@ namespace berth::cli {
 
 using client::Client;
 
-namespace {
-
-std::string json_of(const google::protobuf::Message& msg, bool pretty = true) {
+std::string to_json(const google::protobuf::Message& msg, bool pretty) {
     std::string out;
     google::protobuf::util::JsonPrintOptions options;
     options.add_whitespace = pretty;
@@ -34,6 +32,8 @@ std::string json_of(const google::protobuf::Message& msg, bool pretty = true) {
     google::protobuf::util::MessageToJsonString(msg, &out, options);
     return out;
 }
+
+namespace {
 
 std::string short_digest(const std::string& digest) {
     const size_t colon = digest.find(':');
@@ -235,7 +235,7 @@ int ImageCommands::images(Client& c) {
     if (json_) {
         std::cout << "[";
         for (int i = 0; i < list.images_size(); ++i)
-            std::cout << (i ? ",\n " : "") << json_of(list.images(i), false);
+            std::cout << (i ? ",\n " : "") << to_json(list.images(i), false);
         std::cout << "]" << std::endl;
         return 0;
     }
@@ -374,7 +374,7 @@ int ImageCommands::inspect(Client& c) {
     m.mutable_inspect_image()->set_reference(reference_);
     const auto r = c.call(std::move(m)).inspect_image();
     if (json_) {
-        std::cout << json_of(r) << std::endl;
+        std::cout << to_json(r) << std::endl;
         return 0;
     }
     auto list = [](const auto& items) {

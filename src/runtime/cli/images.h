@@ -5,6 +5,8 @@
 // caller named.
 #pragma once
 
+#include <google/protobuf/message.h>
+
 #include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
@@ -12,6 +14,9 @@
 #include "runtime/client/client.h"
 
 namespace berth::cli {
+
+// A reply as the CLI prints it: JSON with the .proto field names and every field shown.
+std::string to_json(const google::protobuf::Message& msg, bool pretty = true);
 
 class ImageCommands {
   public:

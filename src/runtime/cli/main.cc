@@ -42,16 +42,6 @@ uint64_t parse_size(const std::string& text) {
     return static_cast<uint64_t>(value * mult);
 }
 
-std::string to_json(const google::protobuf::Message& msg) {
-    std::string out;
-    google::protobuf::util::JsonPrintOptions options;
-    options.add_whitespace = true;
-    options.always_print_primitive_fields = true;
-    options.preserve_proto_field_names = true;
-    google::protobuf::util::MessageToJsonString(msg, &out, options);
-    return out;
-}
-
 struct CreateOptions {
     std::string image, rootfs, name, hostname, memory, workdir;
     double cpus = 0;
@@ -378,7 +368,7 @@ int main(int argc, char** argv) {
             m.mutable_list();
             auto list = c.call(m).list();
             if (ps_json) {
-                std::cout << to_json(list) << std::endl;
+                std::cout << cli::to_json(list) << std::endl;
             } else if (ps_quiet) {
                 for (const auto& s : list.sandboxes()) std::cout << s.id() << "\n";
             } else {
@@ -395,7 +385,7 @@ int main(int argc, char** argv) {
         if (inspect->parsed()) {
             v1::ClientMessage m;
             m.mutable_inspect()->set_sandbox(inspect_target);
-            std::cout << to_json(c.call(m).inspect()) << std::endl;
+            std::cout << cli::to_json(c.call(m).inspect()) << std::endl;
             return 0;
         }
         if (rm->parsed()) {
