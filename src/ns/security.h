@@ -1,5 +1,6 @@
 // The security defaults every sandbox process gets: Docker's default capability set,
-// no_new_privs, a default seccomp filter in the shape of Docker's, and a sane nofile limit.
+// no_new_privs, a default-deny seccomp allowlist of Docker's shape (its syscall list and
+// argument filters, plus a socket family allowlist), and a sane nofile limit.
 //
 // Built to be cheap on the exec hot path: the seccomp filter is compiled to classic BPF
 // once (in the helper or init) and each exec'd process only installs the ready program.
@@ -14,24 +15,62 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace berth::ns {
 
+// The seccomp profile as data: one row per syscall name the sandbox may make, as in
+// sandbox2's PolicyBuilder. A syscall without a row is refused (see SeccompProgram). Names are
+// resolved per ABI; a name an ABI lacks (chown32 on x86_64, arch_prctl on i386) is skipped
+// there. Verdicts are SECCOMP_RET_* values (SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | errno).
+struct SeccompArgCase {
+    uint32_t value;
+    uint32_t verdict;
+};
+struct SeccompRule {
+    std::string_view name;
+    // The verdict when no argument test below decides otherwise.
+    uint32_t verdict;
+    // Tests of the first argument's low 32 bits (every filtered argument is an int or a flags
+    // word the kernel reads as 32 bits: personality, clone, unshare, socket, socketcall):
+    // - arg0_cases: the first case whose value equals arg0 gives the verdict;
+    // - arg0_flags: if arg0 has any of these bits set, the verdict is flags_verdict.
+    std::span<const SeccompArgCase> arg0_cases = {};
+    uint32_t arg0_flags = 0;
+    uint32_t flags_verdict = 0;
+};
+
+// Berth's default profile: Docker's default allowlist (moby profiles/seccomp/default.json)
+// for a process with Docker's default capabilities, with these differences:
+// - socket/socketpair: only AF_UNIX, AF_INET, AF_INET6, AF_NETLINK and AF_PACKET; any other
+//   family (AF_VSOCK, AF_ALG, AF_BLUETOOTH, AF_KEY, ...) fails with EAFNOSUPPORT (Docker
+//   denies only AF_VSOCK and AF_ALG);
+// - i386 socketcall: SYS_SOCKET and SYS_SOCKETPAIR fail with ENOSYS (their family is behind a
+//   pointer seccomp cannot read), the other calls are allowed (Docker allows it all, which
+//   lets 32-bit code open any family);
+// - unshare without namespace flags is allowed (Docker allows unshare only with
+//   CAP_SYS_ADMIN); clone without namespace flags as Docker; clone3 fails with ENOSYS so
+//   libc falls back to clone, whose flags the filter can read.
+std::span<const SeccompRule> default_seccomp_rules();
+
 // A compiled seccomp filter (classic BPF for all of the host's syscall ABIs: on x86_64 that
-// is x86_64, i386 and x32, so a 32-bit syscall cannot slip past a rule).
+// is x86_64, i386 and x32, so a 32-bit syscall cannot slip past a rule; any other ABI kills
+// the process).
+//
+// Default-deny: a syscall without a row in default_seccomp_rules() fails with EPERM (as under
+// Docker) if this profile knows its number, and with ENOSYS if the number is newer than every
+// syscall the profile knows for that ABI (as runc does): a syscall a newer kernel adds is
+// never allowed on arrival, and ENOSYS is what libc expects from a kernel without it, so it
+// falls back to the older call it replaces (a new openat variant, say) instead of failing.
 class SeccompProgram {
   public:
-    // Docker-shaped profile: allow by default, EPERM for the dangerous calls — keyctl,
-    // add_key, request_key, bpf, perf_event_open, kexec_*, *_module, mount, umount2,
-    // pivot_root, the new mount API, setns, unshare/clone with namespace flags (CLONE_NEWUSER
-    // and friends), open_by_handle_at, userfaultfd, acct, swapon/off, reboot, syslog,
-    // clock/time setting, iopl/ioperm, personality changes, quotactl, lookup_dcookie, ...
-    // clone3 gets ENOSYS so libc falls back to clone(2), whose flags the filter can inspect.
-    // personality is allowed only for Docker's values: 0 (PER_LINUX), 8 (PER_LINUX32),
-    // 0x20000 (UNAME26), 0x20008 and 0xffffffff (query).
-    // Compiles with libseccomp; throws SysError (naming the libseccomp call) on failure.
+    // Compiles default_seccomp_rules() to BPF: an arch check, then per ABI a binary search
+    // over the allowed syscall numbers. Resolves names with libseccomp's syscall tables (plus
+    // the numbers of calls newer than the installed libseccomp); throws SysError on failure.
     // Not for the hot path: build once and share the result.
     static SeccompProgram default_profile();
 
