@@ -123,7 +123,9 @@ assert refused(socket.AF_ALG, socket.SOCK_SEQPACKET) == errno.EAFNOSUPPORT
 a, b = socket.socketpair(); a.send(b"x"); assert b.recv(1) == b"x"
 s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); c = socket.create_connection(s.getsockname())
 conn, _ = s.accept(); c.sendall(b"ping"); assert conn.recv(4) == b"ping"
-socket.getaddrinfo("localhost", 80)
+# AI_ADDRCONFIG asks the kernel for the interfaces' addresses over netlink.
+socket.getaddrinfo("127.0.0.1", 80, flags=socket.AI_ADDRCONFIG)
+assert "lo" in [name for _, name in socket.if_nameindex()]
 out = []
 ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]
 [t.start() for t in ts]; [t.join() for t in ts]; assert sorted(out) == list(range(8))
@@ -156,7 +158,7 @@ def test_debian_bash_python_and_apt_work_under_the_filter(daemon, debian_rootfs)
                             "set -euo pipefail; x=$(seq 1 100 | sort -rn | head -1); "
                             "echo bash $x; ls -la /proc/self/fd >/dev/null; "
                             "coproc cat; echo hi >&${COPROC[1]}; read -r l <&${COPROC[0]}; "
-                            "echo $l; exec {fd}>&-")
+                            "echo $l; exec {fd}>/dev/null; exec {fd}>&-")
         assert out.split() == ["bash", "100", "hi"], out
         out = daemon.cli_ok("exec", sid, "--", "python3", "-c", PYTHON_CHECKS, timeout=120)
         assert out.strip() == "python ok", out
