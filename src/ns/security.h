@@ -3,9 +3,8 @@
 // argument filters, plus a socket family allowlist), and a sane nofile limit.
 //
 // Built to be cheap on the exec hot path: the seccomp filter is compiled to classic BPF
-// once (in the helper or init) and each exec'd process only installs the ready program.
-//
-// Hot-path sequence in the per-exec shim's forked child, before execve:
+// once (in the helper) and installed once in berth-init (init::harden_init), so every exec'd
+// command inherits it; a process outside a sandbox would install it after apply_identity():
 //     apply_identity(id, &step);   // drops privileges, sets no_new_privs
 //     program.install();           // allowed because no_new_privs is now set
 #pragma once

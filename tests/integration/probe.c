@@ -6,12 +6,12 @@
 // the 32-bit path has the same filter; "i386=unavailable" where the kernel has no i386 entry.
 #define _GNU_SOURCE
 #include <errno.h>
-#include <sched.h>
-#include <stdio.h>
-#include <string.h>
 #include <linux/net.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -96,8 +96,8 @@ static void i386_probes(void) {
     printf("i386=available\n");
     // socketcall(SYS_SOCKET, args): the family is behind a pointer, which a 32-bit call can
     // only pass below 4 GiB: a MAP_32BIT page. (Without the filter, the VSOCK one would open.)
-    uint32_t* args = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_32BIT,
-                          -1, 0);
+    uint32_t* args =
+        mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_32BIT, -1, 0);
     if (args == MAP_FAILED) {
         printf("i386_mmap=%s\n", strerrorname_np(errno));
         return;
@@ -126,7 +126,8 @@ static void i386_probes(void) {
 
 int main(void) {
     report("keyctl", syscall(SYS_keyctl, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1));
-    report("add_key", syscall(SYS_add_key, "user", "berth-probe", "x", 1, KEY_SPEC_PROCESS_KEYRING));
+    report("add_key",
+           syscall(SYS_add_key, "user", "berth-probe", "x", 1, KEY_SPEC_PROCESS_KEYRING));
     report("unshare_user", unshare(CLONE_NEWUSER));
     report("unshare_mnt", unshare(CLONE_NEWNS));
     report("mount", mount("none", "/tmp", "tmpfs", 0, NULL));
