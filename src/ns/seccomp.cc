@@ -440,11 +440,14 @@ constexpr SeccompArgCase kSocketFamilies[] = {
 // arguments, which seccomp cannot read, so socketcall(SYS_SOCKET) would open any family past
 // the filter above (Docker's profile has this hole). SYS_SOCKET and SYS_SOCKETPAIR get ENOSYS:
 // the multiplexer's entry for them does not exist here, and 32-bit code must use the direct
-// socket(2)/socketpair(2) syscalls (i386 359/360, Linux 4.3+; what glibc built for kernel 4.3+
-// and static binaries using them call), which the family filter covers. The cost: 32-bit
-// programs whose libc only knows socketcall (Debian's i386 glibc, musl) cannot create
-// sockets. The other sub-calls act on a socket that exists already (accept/accept4 return the
-// listener's family) and stay allowed, as Docker allows them; unknown sub-calls get EPERM.
+// socket(2)/socketpair(2) syscalls (i386 359/360, Linux 4.3+; what glibc built with
+// --enable-kernel=4.3 or later calls), which the family filter covers. The cost, chosen over
+// the hole: 32-bit programs whose libc goes through socketcall for socket() (Debian 12's i386
+// glibc, built for kernel 3.2, has no fallback) cannot create sockets; 64-bit programs, the
+// sandbox's norm, are untouched. Filtering the pointed-to family would need a user-space
+// supervisor (SECCOMP_RET_USER_NOTIF), not a filter. The other sub-calls act on a socket that
+// exists already (accept/accept4 return the listener's family) and stay allowed, as Docker
+// allows them; unknown sub-calls get EPERM.
 constexpr SeccompArgCase kSocketcallCases[] = {
     {SYS_SOCKET, kEnosys},     {SYS_SOCKETPAIR, kEnosys}, {SYS_BIND, kAllow},
     {SYS_CONNECT, kAllow},     {SYS_LISTEN, kAllow},      {SYS_ACCEPT, kAllow},
