@@ -135,4 +135,14 @@ void remove_tree(const std::string& path) {
     if (::rmdir(path.c_str()) != 0 && errno != ENOENT) throw_sys("rmdir", path);
 }
 
+std::string fd_path(int fd) {
+    const std::string link = "/proc/self/fd/" + std::to_string(fd);
+    std::string buf(4096, '\0');
+    ssize_t n = ::readlink(link.c_str(), buf.data(), buf.size());
+    if (n < 0) throw_sys("readlink", link);
+    if (static_cast<size_t>(n) == buf.size()) throw SysError("readlink", link, ENAMETOOLONG);
+    buf.resize(static_cast<size_t>(n));
+    return buf;
+}
+
 }  // namespace berth

@@ -18,6 +18,8 @@ void write_all(int fd, std::string_view data, std::string_view what);
 void write_file_atomic(const std::string& path, std::string_view data, unsigned mode = 0644);
 // mkdir -p; existing directories are fine.
 void make_dirs(const std::string& path, unsigned mode = 0755);
+// Where an open fd's file is, as the kernel names it (readlink of /proc/self/fd/N).
+std::string fd_path(int fd);
 // rm -rf without following symlinks; a missing path is not an error.
 void remove_tree(const std::string& path);
 

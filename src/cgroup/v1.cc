@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "cgroup/cgroup.h"
+#include "cgroup/devices.h"
 #include "cgroup/internal.h"
 
 namespace berth::cgroup {
@@ -15,7 +16,7 @@ namespace {
 // The sandbox's directory in each hierarchy it uses. cpuacct and freezer are optional: cpu
 // usage then reads 0 and kill() falls back to the plain procs loop.
 struct Dirs {
-    std::string memory, cpu, cpuacct, pids, freezer;
+    std::string memory, cpu, cpuacct, pids, freezer, devices;
 
     Dirs(const Mounts& mounts, const std::string& rel) {
         auto dir = [&](const char* controller) {
@@ -27,12 +28,13 @@ struct Dirs {
         cpuacct = dir("cpuacct");
         pids = dir("pids");
         freezer = dir("freezer");
+        devices = dir("devices");
     }
 
     // Each directory once, in a fixed order (co-mounted hierarchies share one).
     std::vector<std::string> unique() const {
         std::vector<std::string> out;
-        for (const std::string* d : {&memory, &cpu, &cpuacct, &pids, &freezer}) {
+        for (const std::string* d : {&memory, &cpu, &cpuacct, &pids, &freezer, &devices}) {
             if (!d->empty() && std::find(out.begin(), out.end(), *d) == out.end())
                 out.push_back(*d);
         }
@@ -129,6 +131,14 @@ class V1Cgroup final : public Cgroup {
         write_file(d_.cpu + "/cpu.cfs_quota_us",
                    limits.cpus ? std::to_string(cpu_quota_us(*limits.cpus)) : "-1");
         write_file(d_.pids + "/pids.max", limits.pids ? std::to_string(*limits.pids) : "max");
+        // Deny all, then allow the standard nodes (a fresh v1 devices cgroup inherits its
+        // parent's list, usually "a *:* rwm"). Without a devices hierarchy the sandbox
+        // still has nodev mounts and no device nodes from images; doctor says so.
+        if (!d_.devices.empty()) {
+            write_file(d_.devices + "/devices.deny", "a");
+            for (const std::string& rule : device_rules_v1())
+                write_file(d_.devices + "/devices.allow", rule);
+        }
     }
 
   private:

@@ -8,6 +8,7 @@
 #include "base/files.h"
 #include "base/unique_fd.h"
 #include "cgroup/cgroup.h"
+#include "cgroup/devices.h"
 #include "cgroup/internal.h"
 
 namespace berth::cgroup {
@@ -48,6 +49,7 @@ class V2Cgroup final : public Cgroup {
     void attach(pid_t pid) override { write_file(dir_ + "/cgroup.procs", std::to_string(pid)); }
 
     int clone_into_fd() const override { return fd_.get(); }
+    const std::string& dir() const { return dir_; }
 
     Stats stats() const override {
         Stats s;
@@ -130,6 +132,11 @@ class V2Driver final : public Driver {
         if (!created && cg->populated())
             throw SysError("create", dir + " (still has processes)", EBUSY);
         cg->apply(limits);
+        // The device allowlist (v2 has no devices controller: a BPF program per cgroup).
+        // Compiled and verified once; attaching it is one bpf() call. A reused cgroup gets
+        // a second copy, which allows and denies the same.
+        if (!device_program_) device_program_ = load_device_program();
+        attach_device_program(cg->clone_into_fd(), device_program_.get(), cg->dir());
         return cg;
     }
 
@@ -139,6 +146,7 @@ class V2Driver final : public Driver {
     }
 
   private:
+    UniqueFd device_program_;
     std::string root_;  // the cgroup2 mount point
     std::string parent_;
 };

@@ -152,13 +152,15 @@ UniqueFd make_userns_fd(const IdMapping& mapping) {
     return result;
 }
 
-UniqueFd make_idmapped_tree(const std::string& dir, int userns_fd) {
+UniqueFd make_idmapped_tree(int dir_fd, const std::string& dir, int userns_fd) {
     UniqueFd tree(check_sys("open_tree", dir, [&] {
-        return ::open_tree(AT_FDCWD, dir.c_str(),
-                           OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+        return ::open_tree(dir_fd, "",
+                           AT_EMPTY_PATH | OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
     }));
     mount_attr attr{};
-    attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY;
+    // nodev: a device node in the directory (a block device of the host's disk) must not
+    // open as a device through the sandbox's view of it.
+    attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV;
     attr.userns_fd = static_cast<uint64_t>(userns_fd);
     check_sys("mount_setattr idmap", dir, [&] {
         return ::mount_setattr(tree.get(), "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr);
@@ -186,7 +188,7 @@ UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string&
                                   {"workdir", work.c_str()},
                                   {"index", "off"},
                                   {"metacopy", "off"}},
-                                 0, "volatile");
+                                 MOUNT_ATTR_NODEV, "volatile");
     } catch (...) {
         ::umount2(staging_dir.c_str(), MNT_DETACH);
         throw;
@@ -229,8 +231,9 @@ UniqueFd make_layered_overlay(const std::vector<std::string>& lowers, const std:
         ::fsconfig(fs.get(), FSCONFIG_SET_FLAG, "volatile", nullptr, 0);
         check_sys("fsconfig create", "overlay",
                   [&] { return ::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0); });
-        return UniqueFd(check_sys("fsmount", "overlay",
-                                  [&] { return ::fsmount(fs.get(), FSMOUNT_CLOEXEC, 0); }));
+        return UniqueFd(check_sys("fsmount", "overlay", [&] {
+            return ::fsmount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV);
+        }));
     }
     std::string data = "lowerdir=";
     for (size_t i = 0; i < lowers.size(); ++i) data += (i ? ":" : "") + lowers[i];
@@ -240,8 +243,9 @@ UniqueFd make_layered_overlay(const std::vector<std::string>& lowers, const std:
                                     " layers is too deep for this kernel's overlay options "
                                     "(Linux 6.8 or later has no such limit)");
     }
-    check_sys("mount overlay", staging_dir,
-              [&] { return ::mount("overlay", staging_dir.c_str(), "overlay", 0, data.c_str()); });
+    check_sys("mount overlay", staging_dir, [&] {
+        return ::mount("overlay", staging_dir.c_str(), "overlay", MS_NODEV, data.c_str());
+    });
     UniqueFd tree(::open_tree(AT_FDCWD, staging_dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
     const int saved = errno;
     ::umount2(staging_dir.c_str(), MNT_DETACH);
@@ -280,7 +284,8 @@ void enter_rootfs(int overlay_fd, const std::string& mountpoint) {
     attach(proc.get(), "/proc");
 
     ensure_dir("/dev");
-    mount_tmpfs("/dev", "mode=755,size=65536k", MS_NOSUID | MS_NOEXEC);
+    // nodev: the device nodes here are binds of the host's, each its own mount.
+    mount_tmpfs("/dev", "mode=755,size=65536k", MS_NOSUID | MS_NODEV | MS_NOEXEC);
     for (size_t i = 0; i < kDevices.size(); ++i) {
         const std::string path = std::string("/dev/") + kDevices[i];
         ensure_file(path);

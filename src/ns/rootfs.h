@@ -21,7 +21,9 @@ UniqueFd make_userns_fd(const IdMapping& mapping);
 // A detached copy of the tree at `dir` whose file owners appear shifted by the mapping
 // of `userns_fd`: host root's files look owned by root inside the sandbox, without
 // chowning the rootfs.
-UniqueFd make_idmapped_tree(const std::string& dir, int userns_fd);
+// `dir_fd` is the directory, opened (O_PATH is enough) by the caller once it has checked
+// what it is; `dir` names it in errors.
+UniqueFd make_idmapped_tree(int dir_fd, const std::string& dir, int userns_fd);
 
 // A detached overlay mount: lower = the (detached) tree `lower_fd`, upper/work = dirs.
 // `staging_dir` is an empty directory where the lower tree is attached while the overlay

@@ -12,13 +12,17 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -26,6 +30,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/unique_fd.h"
+#include "cgroup/devices.h"
 #include "cgroup/internal.h"
 
 namespace berth::cgroup {
@@ -516,6 +521,42 @@ TEST_F(CgroupTest, CloneIntoCgroup) {
     EXPECT_EQ(cg.stats().pids, 1u);
     cg.kill();
     EXPECT_TRUE(killed_by_sigkill(reap(static_cast<pid_t>(pid))));
+}
+
+// The device allowlist holds for a node made outside the cgroup's reach: /dev/kmsg's numbers
+// (c 1:11, readable by root anywhere else) do not open from inside, /dev/null's do.
+TEST_F(CgroupTest, OnlyTheStandardDevicesOpen) {
+    char tmpl[] = "/tmp/berth-devices-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    const std::string dir = tmpl;
+    const std::string kmsg = dir + "/kmsg", null = dir + "/null";
+    ASSERT_EQ(::mknod(kmsg.c_str(), S_IFCHR | 0600, makedev(1, 11)), 0);
+    ASSERT_EQ(::mknod(null.c_str(), S_IFCHR | 0666, makedev(1, 3)), 0);
+    UniqueFd outside(::open(kmsg.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+    EXPECT_TRUE(outside) << "c 1:11 must open outside the cgroup: " << std::strerror(errno);
+
+    Cgroup& cg = make("devices");
+    pid_t pid = spawn(cg, [&] {
+        int fd = ::open(kmsg.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0 || errno != EPERM) return 1;
+        fd = ::open(null.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd < 0) return 2;
+        if (::mknod((kmsg + "2").c_str(), S_IFBLK | 0600, makedev(7, 0)) != 0) return 3;
+        fd = ::open((kmsg + "2").c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        return fd < 0 && errno == EPERM ? 0 : 4;
+    });
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "step " << WEXITSTATUS(status) << " of the child failed";
+    std::filesystem::remove_all(dir);
+}
+
+TEST(DeviceRulesTest, V1LinesAreTheDefaultSet) {
+    auto lines = device_rules_v1();
+    EXPECT_EQ(lines.front(), "c *:* m");
+    EXPECT_NE(std::find(lines.begin(), lines.end(), "c 136:* rwm"), lines.end());
+    for (const auto& l : lines) EXPECT_NE(l.rfind("b ", 0) == 0 && l != "b *:* m", true) << l;
 }
 
 }  // namespace

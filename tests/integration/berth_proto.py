@@ -474,6 +474,52 @@ class _PipeReader:
         self.done.wait(5)
 
 
+def connect_as(path: str, uid: int, gid: int, groups=(), hello: bool = True,
+               timeout: float = DEFAULT_TIMEOUT) -> Connection:
+    """A connection whose peer credentials (SO_PEERCRED, taken at connect) are uid/gid/groups:
+    a forked child takes them, connects, and hands the socket back over SCM_RIGHTS."""
+    parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            parent.close()
+            os.setgroups(list(groups))
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(path))
+            socket.send_fds(child, [b"s"], [s.fileno()])
+            code = 0
+        except BaseException as e:  # noqa: BLE001 - reported through the pair
+            try:
+                child.sendall(f"E{type(e).__name__}: {e}".encode())
+            except OSError:
+                pass
+        finally:
+            os._exit(code)
+    child.close()
+    try:
+        msg, fds, _, _ = socket.recv_fds(parent, 4096, 1)
+    finally:
+        parent.close()
+        os.waitpid(pid, 0)
+    if not fds:
+        raise OSError(f"connecting as uid {uid}: {msg.decode(errors='replace')[1:]}")
+    conn = Connection.__new__(Connection)
+    conn.path = str(path)
+    conn.timeout = timeout
+    conn.sock = socket.socket(fileno=fds[0])
+    conn.sock.settimeout(timeout)
+    conn._next_id = 1
+    conn._buf = b""
+    conn.hello_reply = None
+    conn._pending = []
+    if hello:
+        conn.hello()
+    return conn
+
+
 def connect(path: str, hello: bool = True, timeout: float = DEFAULT_TIMEOUT) -> Connection:
     conn = Connection(path, timeout)
     if hello:

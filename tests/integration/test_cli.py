@@ -16,7 +16,7 @@ def test_create_exec_ps_inspect_rm(daemon, busybox_rootfs):
     assert daemon.cli_ok("exec", sid[:10], "--", "echo", "by-prefix") == "by-prefix\n"
 
     table = daemon.cli_ok("ps")
-    assert table.splitlines()[0].split()[:4] == ["ID", "NAME", "PID", "STATE"]
+    assert table.splitlines()[0].split()[:5] == ["ID", "NAME", "OWNER", "PID", "STATE"]
     row = [line for line in table.splitlines() if line.startswith(sid[:12])]
     assert len(row) == 1 and "cli-basic" in row[0] and "running" in row[0], table
 

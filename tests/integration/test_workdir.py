@@ -29,7 +29,7 @@ def test_workdir_for_exec_and_copy(daemon, busybox_rootfs, tmp_path):
 def test_workdir_must_be_absolute(daemon, busybox_rootfs):
     r = daemon.cli("create", "--rootfs", str(busybox_rootfs), "--sandbox-workdir", "rel/dir")
     assert r.returncode == 125
-    assert "workdir must be an absolute path" in r.stderr
+    assert "workdir: 'rel/dir' is not an absolute path" in r.stderr
 
 
 def test_workdir_survives_a_daemon_restart(fresh_daemon, busybox_rootfs):

@@ -372,11 +372,13 @@ int main(int argc, char** argv) {
             } else if (ps_quiet) {
                 for (const auto& s : list.sandboxes()) std::cout << s.id() << "\n";
             } else {
-                std::printf("%-14s %-20s %-8s %-8s %s\n", "ID", "NAME", "PID", "STATE",
-                            "IMAGE/ROOTFS");
+                // (Root sees everybody's sandboxes, others their own: the owner column
+                // is what tells them apart.)
+                std::printf("%-14s %-20s %-8s %-8s %-8s %s\n", "ID", "NAME", "OWNER", "PID",
+                            "STATE", "IMAGE/ROOTFS");
                 for (const auto& s : list.sandboxes()) {
-                    std::printf("%-14s %-20s %-8d %-8s %s\n", s.id().substr(0, 12).c_str(),
-                                s.name().c_str(), s.init_pid(), s.state().c_str(),
+                    std::printf("%-14s %-20s %-8u %-8d %-8s %s\n", s.id().substr(0, 12).c_str(),
+                                s.name().c_str(), s.owner_uid(), s.init_pid(), s.state().c_str(),
                                 (s.image().empty() ? s.rootfs() : s.image()).c_str());
                 }
             }

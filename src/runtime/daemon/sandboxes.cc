@@ -33,23 +33,27 @@ Sandbox* SandboxRegistry::find(const std::string& key, std::string* error) {
         *error = "no sandbox given";
         return nullptr;
     }
+    // Ids first, then id prefixes, then names: a name (which anybody may choose) must never
+    // take over what an id says. Names that look like an id prefix are refused at create,
+    // so the order matters only for sandboxes named by an older berth.
     if (auto* s = by_id(key)) return s;
-    for (auto& [id, s] : by_id_) {
-        if (s->info.name() == key) return s.get();
-    }
     Sandbox* match = nullptr;
     if (key.size() >= 4) {
-        for (auto& [id, s] : by_id_) {
-            if (id.compare(0, key.size(), key) != 0) continue;
+        for (auto it = by_id_.lower_bound(key); it != by_id_.end(); ++it) {
+            if (it->first.compare(0, key.size(), key) != 0) break;
             if (match) {
                 *error = "sandbox id prefix '" + key + "' is ambiguous";
                 return nullptr;
             }
-            match = s.get();
+            match = it->second.get();
         }
     }
-    if (!match) *error = "no such sandbox: '" + key + "'";
-    return match;
+    if (match) return match;
+    for (auto& [id, s] : by_id_) {
+        if (s->info.name() == key) return s.get();
+    }
+    *error = "no such sandbox: '" + key + "'";
+    return nullptr;
 }
 
 bool SandboxRegistry::init_alive(const Sandbox& sandbox) const {
@@ -137,6 +141,7 @@ std::vector<SandboxRegistry::Found> SandboxRegistry::scan() const {
                     .ok()) {
                 found.info.set_name(meta.name());
                 found.info.set_persistent(meta.persistent());
+                found.info.set_owner_uid(meta.owner_uid());
                 *found.info.mutable_resources() = meta.resources();
                 found.info.set_created_unix_ms(meta.created_unix_ms());
                 found.info.set_workdir(meta.workdir());

@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "runtime/daemon/exec_operation.h"
 #include "runtime/daemon/file_operation.h"
+#include "runtime/daemon/validate.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::daemon {
@@ -32,15 +33,6 @@ std::string new_sandbox_id() {
         id += hex[b & 15];
     }
     return id;
-}
-
-// [A-Za-z0-9][A-Za-z0-9_.-]{0,63}
-bool valid_name(const std::string& name) {
-    if (name.empty() || name.size() > 64 || !std::isalnum(static_cast<unsigned char>(name[0])))
-        return false;
-    return std::all_of(name.begin(), name.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
-    });
 }
 
 v1::ErrorCode code_from_helper(uint32_t code) {
@@ -110,7 +102,7 @@ void Server::accept_next() {
     });
 }
 
-bool Server::peer_allowed(int fd, std::string* who) {
+bool Server::peer_allowed(int fd, uid_t* uid, std::string* who) {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
@@ -118,6 +110,7 @@ bool Server::peer_allowed(int fd, std::string* who) {
         return false;
     }
     *who = "uid " + std::to_string(cred.uid);
+    *uid = cred.uid;
     if (cred.uid == 0 || cred.uid == config_.daemon_uid || cred.gid == config_.allowed_gid)
         return true;
     // Supplementary groups of the peer process as they were at connect().
@@ -133,9 +126,10 @@ bool Server::peer_allowed(int fd, std::string* who) {
 
 void Server::on_connection(UnixSocket socket) {
     std::string who;
-    const bool allowed = peer_allowed(socket.native_handle(), &who);
+    uid_t uid = static_cast<uid_t>(-1);
+    const bool allowed = peer_allowed(socket.native_handle(), &uid, &who);
     auto framed = std::make_shared<FramedSocket>(std::move(socket), config_.max_frame);
-    auto session = std::make_shared<Session>(next_session_++, framed);
+    auto session = std::make_shared<Session>(next_session_++, framed, uid);
     if (!allowed) {
         session->send_error(
             0, v1::PERMISSION_DENIED,
@@ -260,7 +254,17 @@ Sandbox* Server::find_or_reply(const std::shared_ptr<Session>& session, uint64_t
                                const std::string& key) {
     std::string error;
     Sandbox* sandbox = registry_.find(key, &error);
-    if (!sandbox) session->send_error(id, v1::NOT_FOUND, error);
+    if (!sandbox) {
+        session->send_error(id, v1::NOT_FOUND, error);
+        return nullptr;
+    }
+    if (!session->root() && sandbox->info.owner_uid() != session->uid) {
+        session->send_error(id, v1::PERMISSION_DENIED,
+                            "sandbox " + sandbox->info.id().substr(0, 12) +
+                                " belongs to another user (uid " +
+                                std::to_string(sandbox->info.owner_uid()) + ")");
+        return nullptr;
+    }
     return sandbox;
 }
 
@@ -287,37 +291,22 @@ void Server::handle_hello(const std::shared_ptr<Session>& session, uint64_t id,
 
 void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
                            const v1::CreateSandbox& req) {
-    if (req.rootfs().empty() == req.image().empty()) {
-        session->send_error(id, v1::INVALID_ARGUMENT,
-                            req.image().empty()
-                                ? "image: an image reference is required (or a rootfs directory)"
-                                : "give an image or a rootfs directory, not both");
+    if (std::string error = check_create(req); !error.empty()) {
+        session->send_error(id, v1::INVALID_ARGUMENT, error);
         return;
     }
-    if (!req.name().empty() && !valid_name(req.name())) {
-        session->send_error(id, v1::INVALID_ARGUMENT,
-                            "name '" + req.name() + "' must match [A-Za-z0-9][A-Za-z0-9_.-]{0,63}");
+    // A host directory as a sandbox's root is the host's file system seen with the
+    // sandbox's rights (an id-mapped view: files owned by host root look root-owned
+    // inside): only root may choose one. Members make sandboxes from images.
+    if (!req.rootfs().empty() && !session->root()) {
+        session->send_error(id, v1::PERMISSION_DENIED,
+                            "rootfs: only root may make a sandbox from a host directory; "
+                            "use an image");
         return;
     }
     if (!req.name().empty() &&
         (registry_.name_taken(req.name()) || pending_names_.count(req.name()))) {
         session->send_error(id, v1::ALREADY_EXISTS, "a sandbox named '" + req.name() + "' exists");
-        return;
-    }
-    const auto& r = req.resources();
-    if (r.cpus() < 0 || r.cpus() > 1024) {
-        session->send_error(id, v1::INVALID_ARGUMENT, "cpus must be between 0 and 1024");
-        return;
-    }
-    if (r.memory_bytes() != 0 && r.memory_bytes() < (4u << 20)) {
-        session->send_error(id, v1::INVALID_ARGUMENT, "memory must be at least 4 MiB");
-        return;
-    }
-    if (!req.workdir().empty() &&
-        (req.workdir()[0] != '/' || req.workdir().find('\0') != std::string::npos ||
-         req.workdir().size() >= 4096)) {
-        session->send_error(id, v1::INVALID_ARGUMENT,
-                            "workdir must be an absolute path in the sandbox");
         return;
     }
     // Held from here on, so that a second create of the name fails while this one waits.
@@ -329,23 +318,23 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
             session->send_error(id, v1::UNAVAILABLE, "this daemon has no image store");
             return;
         }
-        resolve_image_(req.image(), [this, weak, session_id = session->id, id, req](
-                                        v1::ErrorCode code, const std::string& error,
-                                        const ResolvedImage& image) {
+        resolve_image_(req.image(), [this, weak, session_id = session->id, owner = session->uid, id,
+                                     req](v1::ErrorCode code, const std::string& error,
+                                          const ResolvedImage& image) {
             if (code != v1::ERROR_CODE_UNSPECIFIED) {
                 pending_names_.erase(req.name());
                 if (auto session = weak.lock()) session->send_error(id, code, error);
                 return;
             }
-            create_sandbox(weak, session_id, id, req, &image);
+            create_sandbox(weak, session_id, owner, id, req, &image);
         });
         return;
     }
-    create_sandbox(weak, session->id, id, req, nullptr);
+    create_sandbox(weak, session->id, session->uid, id, req, nullptr);
 }
 
-void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session_id, uint64_t id,
-                            const v1::CreateSandbox& req, const ResolvedImage* image) {
+void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session_id, uid_t owner,
+                            uint64_t id, const v1::CreateSandbox& req, const ResolvedImage* image) {
     const auto& r = req.resources();
     const std::string sandbox_id = new_sandbox_id();
     std::string hostname = req.hostname().empty() ? sandbox_id.substr(0, 12) : req.hostname();
@@ -379,6 +368,7 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
     *info.mutable_resources() = req.resources();
     if (!info.resources().pids()) info.mutable_resources()->set_pids(kDefaultPids);
     info.set_persistent(req.persistent());
+    info.set_owner_uid(owner);
 
     if (image) creating_images_.insert(image->manifest_digest);
     helper_.call(std::move(hreq), [this, weak, session_id, id, req,
@@ -426,6 +416,10 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
 
 void Server::handle_exec(const std::shared_ptr<Session>& session, uint64_t id,
                          const v1::Exec& req) {
+    if (std::string error = check_exec(req); !error.empty()) {
+        session->send_error(id, v1::INVALID_ARGUMENT, error);
+        return;
+    }
     Sandbox* sandbox = find_or_reply(session, id, req.sandbox());
     if (!sandbox || !usable_or_reply(session, id, *sandbox)) return;
     if (session->execs.count(id) || session->file_ops.count(id)) {
@@ -441,10 +435,11 @@ void Server::handle_exec(const std::shared_ptr<Session>& session, uint64_t id,
 void Server::handle_file_op(const std::shared_ptr<Session>& session, const v1::ClientMessage& msg,
                             std::vector<UniqueFd> fds) {
     const uint64_t id = msg.id();
-    std::string key;
+    std::string key, user_error;
     switch (msg.body_case()) {
         case v1::ClientMessage::kCopyIn:
             key = msg.copy_in().sandbox();
+            user_error = check_user_spec("user", msg.copy_in().user());
             break;
         case v1::ClientMessage::kCopyOut:
             key = msg.copy_out().sandbox();
@@ -454,9 +449,15 @@ void Server::handle_file_op(const std::shared_ptr<Session>& session, const v1::C
             break;
         case v1::ClientMessage::kMakeDirs:
             key = msg.make_dirs().sandbox();
+            user_error = check_user_spec("user", msg.make_dirs().user());
+            if (msg.make_dirs().mode() > 07777) user_error = "mode: more than 07777";
             break;
         default:
             key = msg.remove_path().sandbox();
+    }
+    if (!user_error.empty()) {
+        session->send_error(id, v1::INVALID_ARGUMENT, user_error);
+        return;
     }
     Sandbox* sandbox = find_or_reply(session, id, key);
     if (!sandbox || !usable_or_reply(session, id, *sandbox)) return;
@@ -525,7 +526,10 @@ void Server::handle_list(const std::shared_ptr<Session>& session, uint64_t id) {
     v1::ServerMessage msg;
     msg.set_id(id);
     auto* list = msg.mutable_list();
-    for (Sandbox* s : registry_.all()) *list->add_sandboxes() = s->info;
+    for (Sandbox* s : registry_.all()) {
+        if (session->root() || s->info.owner_uid() == session->uid)
+            *list->add_sandboxes() = s->info;
+    }
     session->send(msg);
 }
 

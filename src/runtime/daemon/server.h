@@ -48,13 +48,17 @@ using ImageResolver = std::function<void(
 // One client connection.
 class Session : public std::enable_shared_from_this<Session> {
   public:
-    Session(uint64_t id, std::shared_ptr<FramedSocket> socket)
-        : id(id), socket(std::move(socket)) {}
+    Session(uint64_t id, std::shared_ptr<FramedSocket> socket, uid_t uid)
+        : id(id), socket(std::move(socket)), uid(uid) {}
     void send(const v1::ServerMessage& msg);
     void send_error(uint64_t request_id, v1::ErrorCode code, const std::string& message);
 
     const uint64_t id;
     std::shared_ptr<FramedSocket> socket;
+    // The peer's uid (SO_PEERCRED at connect): what sandboxes it creates are recorded as
+    // owned by, and what it may reach (its own sandboxes; root reaches all).
+    const uid_t uid;
+    bool root() const { return uid == 0; }
     bool said_hello = false;
     std::map<uint64_t, std::shared_ptr<ExecOperation>> execs;
     std::map<uint64_t, std::shared_ptr<FileOperation>> file_ops;
@@ -85,8 +89,8 @@ class Server {
     void handle_file_op(const std::shared_ptr<Session>&, const v1::ClientMessage&,
                         std::vector<UniqueFd> fds);
     // The part of a create after its image (if any) is resolved.
-    void create_sandbox(const std::weak_ptr<Session>& session, uint64_t session_id, uint64_t id,
-                        const v1::CreateSandbox& req, const ResolvedImage* image);
+    void create_sandbox(const std::weak_ptr<Session>& session, uint64_t session_id, uid_t owner,
+                        uint64_t id, const v1::CreateSandbox& req, const ResolvedImage* image);
     void handle_delete(const std::shared_ptr<Session>&, uint64_t id, const v1::DeleteSandbox&);
     void handle_list(const std::shared_ptr<Session>&, uint64_t id);
     void handle_inspect(const std::shared_ptr<Session>&, uint64_t id, const v1::InspectSandbox&);
@@ -94,6 +98,8 @@ class Server {
                                const v1::SetPersistent&);
 
     // The sandbox named by `key`, or nullptr after replying NOT_FOUND to request `id`.
+    // Finds the sandbox `key` names and checks that the session may use it (its owner or
+    // root); otherwise replies NOT_FOUND or PERMISSION_DENIED and returns null.
     Sandbox* find_or_reply(const std::shared_ptr<Session>& session, uint64_t id,
                            const std::string& key);
     // False after replying UNAVAILABLE when the sandbox is being deleted or is dead.
@@ -104,7 +110,7 @@ class Server {
                         std::function<void(v1::ErrorCode, std::string)> done);
     void reattach();
     void check_leases();
-    bool peer_allowed(int fd, std::string* who);
+    bool peer_allowed(int fd, uid_t* uid, std::string* who);
 
     asio::io_context& io_;
     ServerConfig config_;

@@ -28,8 +28,8 @@ namespace berth::helper {
 
 namespace {
 
-constexpr uint32_t kInvalidArgument = 1, kNotFound = 2, kAlreadyExists = 8, kInternal = 7,
-                   kUnavailable = 6;
+constexpr uint32_t kInvalidArgument = 1, kNotFound = 2, kPermissionDenied = 3, kAlreadyExists = 8,
+                   kInternal = 7, kUnavailable = 6;
 
 // The janitor's trash directories, in the order the factory gives them.
 constexpr size_t kRunTrash = 0, kStateTrash = 1;
@@ -215,6 +215,35 @@ std::string SandboxFactory::sandbox_state_dir(const std::string& id) const {
     return config_.state_dir + "/sandboxes/" + id;
 }
 
+UniqueFd SandboxFactory::open_rootfs(const std::string& rootfs) const {
+    UniqueFd dir(::open(rootfs.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!dir) {
+        throw HelperError(errno == ENOENT ? kNotFound : kInvalidArgument,
+                          "rootfs '" + rootfs + "': " + std::strerror(errno) +
+                              (errno == ENOTDIR ? " (not a directory)" : ""));
+    }
+    // Where it really is, symlinks resolved, from the fd that will be mounted (so nothing
+    // can be swapped in between): never berth's own runtime or state dirs, nor anything
+    // above them. Otherwise a sandbox could see another sandbox's writable layer, the
+    // image store or the daemon's sockets with its root's rights.
+    const std::string where = fd_path(dir.get());
+    for (const std::string& own : {config_.runtime_dir, config_.state_dir}) {
+        char* resolved = ::realpath(own.c_str(), nullptr);
+        const std::string guarded = resolved ? resolved : own;
+        std::free(resolved);
+        const auto within = [](const std::string& inner, const std::string& outer) {
+            return outer == "/" || inner == outer ||
+                   (inner.size() > outer.size() && inner.compare(0, outer.size(), outer) == 0 &&
+                    inner[outer.size()] == '/');
+        };
+        if (within(where, guarded) || within(guarded, where)) {
+            throw HelperError(kPermissionDenied, "rootfs '" + rootfs + "' (" + where +
+                                                     ") is or holds berth's own " + guarded);
+        }
+    }
+    return dir;
+}
+
 v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     const std::string& id = req.id();
     if (!valid_sandbox_id(id))
@@ -223,6 +252,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         throw HelperError(kInvalidArgument, "invalid hostname '" + req.hostname() + "'");
     const std::string& rootfs = req.rootfs();
     std::vector<std::string> layer_dirs;
+    UniqueFd rootfs_dir;
     struct stat st;
     if (!rootfs.empty() && req.layers_size() > 0)
         throw HelperError(kInvalidArgument,
@@ -242,10 +272,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         if (rootfs.empty() || rootfs[0] != '/' || rootfs.find("/../") != std::string::npos)
             throw HelperError(kInvalidArgument,
                               "rootfs must be an absolute path: '" + rootfs + "'");
-        if (::stat(rootfs.c_str(), &st) != 0)
-            throw HelperError(kNotFound, "rootfs '" + rootfs + "': " + std::strerror(errno));
-        if (!S_ISDIR(st.st_mode))
-            throw HelperError(kInvalidArgument, "rootfs '" + rootfs + "' is not a directory");
+        rootfs_dir = open_rootfs(rootfs);
     }
 
     const std::string run = sandbox_runtime_dir(id), state = sandbox_state_dir(id);
@@ -301,7 +328,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     if (!layer_dirs.empty()) {
         overlay = ns::make_layered_overlay(layer_dirs, upper, work, run + "/rootfs");
     } else {
-        UniqueFd lower = ns::make_idmapped_tree(rootfs, template_userns_.get());
+        UniqueFd lower = ns::make_idmapped_tree(rootfs_dir.get(), rootfs, template_userns_.get());
         overlay = ns::make_overlay(lower.get(), upper, work, run + "/rootfs");
     }
 

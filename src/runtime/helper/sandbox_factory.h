@@ -52,6 +52,8 @@ class SandboxFactory {
 
   private:
     struct Live;
+    // The directory a rootfs create names, opened and checked (see the .cc).
+    UniqueFd open_rootfs(const std::string& rootfs) const;
     std::string sandbox_runtime_dir(const std::string& id) const;
     std::string sandbox_state_dir(const std::string& id) const;
 

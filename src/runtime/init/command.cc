@@ -118,16 +118,11 @@ int command_child(void* arg) {
     // The command adopts every orphan of its own tree (the setting survives execve), so
     // a timeout finds a double-forked, setsid'd grandchild among its descendants.
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-    // Commands are the OOM killer's first choice in their sandbox, before init and the shims
-    // (and, on the host, before the host's own processes). Raising a score needs no
-    // privilege. (init made itself non-dumpable, which leaves /proc/self owned by the
-    // host's root: undo that first; execve sets it anew from the program anyway.)
-    ::prctl(PR_SET_DUMPABLE, 1);
-    if (int fd = ::open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC); fd >= 0) {
-        ssize_t ignored = ::write(fd, "500", 3);
-        (void)ignored;
-        ::close(fd);
-    }
+    // Never PR_SET_DUMPABLE here: until execve this child runs on init's memory, and a
+    // dumpable mm, even for the microseconds until execve, lets a process of the sandbox
+    // with the command's uid open /proc/PID/mem of it, or ptrace it, and so own init.
+    // (Its OOM score comes from init, see raise_oom_score.) execve makes the command's
+    // new mm dumpable by the usual rules.
     const char* step = nullptr;
     if (int rc = ns::apply_identity(*plan.identity, &step); rc != 0)
         child_fail(rfd, ChildFailure::kIdentity, -rc, step);
@@ -144,6 +139,42 @@ int command_child(void* arg) {
     }
     child_fail(rfd, ChildFailure::kExec, saw, nullptr);
 }
+
+// Commands are the OOM killer's first choice in their sandbox, before init and the shims
+// (and, on the host, before the host's own processes). The child cannot set its own score:
+// /proc/self is owned by the host's root while it shares init's non-dumpable mm. It inherits
+// init's instead (copied at clone), so init raises its own for the clone and restores it
+// after, through an fd it opened while it was still dumpable. Raising needs no privilege,
+// and going back to a value init already had is allowed too.
+class OomScore {
+  public:
+    static OomScore& get() {
+        static OomScore score;
+        return score;
+    }
+    void raise() const noexcept {
+        if (fd_ >= 0) (void)!::pwrite(fd_, "500", 3, 0);
+    }
+    void restore() const noexcept {
+        if (fd_ >= 0) (void)!::pwrite(fd_, original_.data(), original_.size(), 0);
+    }
+
+  private:
+    OomScore() {
+        fd_ = ::open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+        if (fd_ < 0) return;
+        char buf[16];
+        ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+        if (n <= 0) {
+            ::close(fd_);
+            fd_ = -1;
+            return;
+        }
+        original_.assign(buf, static_cast<size_t>(n));
+    }
+    int fd_ = -1;  // kept for init's life
+    std::string original_;
+};
 
 // The stack the command's child runs on, made once and kept for init's life. One is
 // enough: with CLONE_VFORK init is suspended until the child has exec'd or exited, and init
@@ -183,6 +214,8 @@ std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
     std::string error;
     auto user = resolve_sandbox_user(spawn.user(), &error);
     if (!user) return CommandFailure{kNotFound, error};
+    if (error = check_mapped_here(*user); !error.empty())
+        return CommandFailure{kInvalidArgument, error};
 
     std::vector<std::string> argv(spawn.argv().begin(), spawn.argv().end());
     std::vector<std::string> env(spawn.env().begin(), spawn.env().end());
@@ -212,11 +245,11 @@ std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
         return CommandFailure{kResourceExhausted,
                               "mmap of the command's stack: " + std::string(strerror(stack_error))};
     }
+    const OomScore& oom = OomScore::get();
+    oom.raise();
     pid_t pid = ::clone(command_child, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &plan);
     const int clone_errno = errno;
-    // The child shared our memory, and with it the dumpable flag it set: take it back, or
-    // the sandbox could read init through /proc.
-    ::prctl(PR_SET_DUMPABLE, 0);
+    oom.restore();
     if (pid < 0) {
         return CommandFailure{clone_errno == EAGAIN ? kResourceExhausted : kInternal,
                               "clone: " + std::string(strerror(clone_errno)) +
@@ -255,6 +288,10 @@ std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
             break;
     }
     return CommandFailure{kInternal, "setting up stdio: " + why};
+}
+
+void prepare_commands() {
+    OomScore::get();
 }
 
 void kill_command_tree(pid_t main) {

@@ -25,6 +25,10 @@ struct CommandFailure {
 std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
                                                   const std::vector<UniqueFd>& stdio);
 
+// Opens what start_command needs of init's own /proc entry (its OOM score); call once at
+// start, before init makes itself non-dumpable.
+void prepare_commands();
+
 // Stops, then SIGKILLs, `main` and all its descendants.
 void kill_command_tree(pid_t main);
 

@@ -83,6 +83,8 @@ transfer::Ownership owner_for(const std::string& spec) {
     std::string error;
     auto user = resolve_sandbox_user(spec, &error);
     if (!user) throw OperationError(kNotFound, error);
+    if (error = check_mapped_here(*user); !error.empty())
+        throw OperationError(kInvalidArgument, error);
     return transfer::Ownership{user->uid, user->gid};
 }
 

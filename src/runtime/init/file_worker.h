@@ -1,8 +1,9 @@
 // File operations inside the sandbox: copy in, copy out, stat, mkdir -p, remove. Copies
 // and removals run in a worker that berth-init forks for them, so PID 1 never blocks on a
-// slow or stuck stream or a huge tree (stat and mkdir -p, a few syscalls, run in init); the worker has the sandbox's rights and nothing more (it is in the sandbox's
-// namespaces, under its seccomp filter and capability bounding set), and it loads nothing
-// from the sandbox's filesystem (no NSS, no dlopen: users come from parsing /etc/passwd).
+// slow or stuck stream or a huge tree (stat and mkdir -p, a few syscalls, run in init); the worker
+// has the sandbox's rights and nothing more (it is in the sandbox's namespaces, under its seccomp
+// filter and capability bounding set), and it loads nothing from the sandbox's filesystem (no NSS,
+// no dlopen: users come from parsing /etc/passwd).
 #pragma once
 
 #include <vector>

@@ -143,7 +143,10 @@ pid_t accept_request(UniqueFd& connection) {
 
 [[noreturn]] void run_init(UniqueFd control) {
     ::prctl(PR_SET_NAME, "berth-init");
-    // Not dumpable: processes in the sandbox cannot ptrace init or read its memory.
+    // What needs init's own /proc files is opened first, while they are still its own.
+    prepare_commands();
+    // Not dumpable: processes in the sandbox cannot ptrace init or read its memory. Nothing
+    // that shares this mm ever sets it back (see command.cc).
     ::prctl(PR_SET_DUMPABLE, 0);
 
     sigset_t mask;

@@ -6,6 +6,7 @@
 
 #include <charconv>
 
+#include "base/files.h"
 #include "base/unique_fd.h"
 
 namespace berth::init {
@@ -135,6 +136,80 @@ std::string read_account_file(const char* path) {
 }
 
 }  // namespace
+
+bool IdRanges::contains(uint32_t id) const {
+    for (auto [first, count] : extents) {
+        if (id >= first && id - first < count) return true;
+    }
+    return false;
+}
+
+IdRanges IdRanges::parse(std::string_view map_text) {
+    IdRanges out;
+    for (std::string_view line : split(map_text, '\n')) {
+        uint32_t fields[3];
+        size_t n = 0;
+        size_t pos = 0;
+        while (n < 3 && pos < line.size()) {
+            while (pos < line.size() && line[pos] == ' ') ++pos;
+            size_t end = line.find(' ', pos);
+            if (end == std::string_view::npos) end = line.size();
+            auto id = parse_id(line.substr(pos, end - pos));
+            if (!id) break;
+            fields[n++] = *id;
+            pos = end;
+        }
+        if (n == 3) out.extents.emplace_back(fields[0], fields[2]);
+    }
+    return out;
+}
+
+namespace {
+
+std::string describe(const IdRanges& ranges) {
+    std::string out;
+    for (auto [first, count] : ranges.extents) {
+        if (!out.empty()) out += ", ";
+        out += std::to_string(first) + "-" + std::to_string(uint64_t{first} + count - 1);
+    }
+    return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+std::string check_mapped(const ResolvedUser& user, const IdRanges& uids, const IdRanges& gids) {
+    if (!uids.contains(user.uid)) {
+        return "user: uid " + std::to_string(user.uid) + " is not mapped in the sandbox (ids " +
+               describe(uids) + ")";
+    }
+    if (!gids.contains(user.gid)) {
+        return "user: gid " + std::to_string(user.gid) + " is not mapped in the sandbox (ids " +
+               describe(gids) + ")";
+    }
+    for (gid_t g : user.groups) {
+        if (!gids.contains(g)) {
+            return "user: supplementary group " + std::to_string(g) +
+                   " is not mapped in the sandbox (ids " + describe(gids) + ")";
+        }
+    }
+    return {};
+}
+
+std::string check_mapped_here(const ResolvedUser& user) {
+    // The maps are written once, before init starts, and never change.
+    // (A file in /proc has no size: read it to its end. Unreadable, nothing counts as
+    // mapped, and every exec is refused saying so.)
+    auto ranges = [](const char* path) {
+        try {
+            return IdRanges::parse(read_file(path));
+        } catch (const std::exception&) {
+            return IdRanges{};
+        }
+    };
+    static const IdRanges uids = ranges("/proc/self/uid_map");
+    static const IdRanges gids = ranges("/proc/self/gid_map");
+    return check_mapped(user, uids, gids);
+}
 
 std::optional<ResolvedUser> resolve_sandbox_user(std::string_view spec, std::string* error) {
     return resolve_user(spec, read_account_file("/etc/passwd"), read_account_file("/etc/group"),

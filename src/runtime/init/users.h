@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace berth::init {
@@ -23,6 +24,22 @@ struct ResolvedUser {
 // Returns nullopt and sets `error` ("user 'bob' not found in /etc/passwd") when it cannot.
 std::optional<ResolvedUser> resolve_user(std::string_view spec, std::string_view passwd,
                                          std::string_view group, std::string* error);
+
+// The ids a user namespace maps, from /proc/PID/uid_map or gid_map text: (first, count)
+// extents of ids inside.
+struct IdRanges {
+    std::vector<std::pair<uint32_t, uint32_t>> extents;
+    bool contains(uint32_t id) const;
+    static IdRanges parse(std::string_view map_text);
+};
+
+// "" when the user's uid, gid and every supplementary group are mapped in the sandbox,
+// else a message naming the first that is not ("user: uid 70000 is not mapped in the
+// sandbox (ids 0-65535)"). An id a passwd entry gives counts like a numeric one: an image's
+// /etc/passwd saying 4294967295 ((uid_t)-1, "unchanged" to setresuid) must not keep root.
+std::string check_mapped(const ResolvedUser& user, const IdRanges& uids, const IdRanges& gids);
+// check_mapped() against this process's own user namespace (maps read once).
+std::string check_mapped_here(const ResolvedUser& user);
 
 // resolve_user() against the sandbox's own /etc/passwd and /etc/group (read as berth-init
 // sees them: its root is the sandbox's). A file that is missing, not a regular file (a
