@@ -20,6 +20,10 @@ class ExecOperation;
 class FileOperation;
 class ImageClient;
 
+// The smallest storage limit (--storage, --default-storage): below it not even an empty
+// layer's metadata fits.
+constexpr uint64_t kMinStorageBytes = 1u << 20;
+
 struct ServerConfig {
     std::string socket_path;
     std::string runtime_dir;
@@ -28,7 +32,8 @@ struct ServerConfig {
     uid_t daemon_uid = 0;
     gid_t allowed_gid = 0;  // members of this group may connect (and root, and us)
     std::string allowed_group_name = "berth";
-    std::string cgroup_driver;  // "v1" | "v2", as the helper reported
+    std::string cgroup_driver;           // "v1" | "v2", as the helper reported
+    uint64_t default_storage_bytes = 0;  // for creates that give none; 0 = no limit
 };
 
 // An image reference resolved for a create: the name it has in the store, the manifest it
