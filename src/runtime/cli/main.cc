@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "base/files.h"
+#include "base/size.h"
 #include "cgroup/cgroup.h"
 #include "ns/idmap.h"
 #include "runtime/cli/copy.h"
@@ -43,9 +44,10 @@ uint64_t parse_size(const std::string& text) {
 }
 
 struct CreateOptions {
-    std::string image, rootfs, name, hostname, memory, workdir;
+    std::string image, rootfs, name, hostname, memory, workdir, storage;
     double cpus = 0;
     uint64_t pids = 0;
+    bool storage_given = false;
     void add_to(CLI::App* cmd) {
         cmd->add_option("--rootfs", rootfs,
                         "a root filesystem directory instead of an image (the overlay's lower "
@@ -56,6 +58,15 @@ struct CreateOptions {
         cmd->add_option("-m,--memory", memory, "memory limit, e.g. 512m, 2g (swap off)");
         cmd->add_option("--cpus", cpus, "cpu limit, fractional allowed");
         cmd->add_option("--pids", pids, "process limit (default 4096)");
+        // A callback, not a plain option: `--storage ""` must be refused, not read as unset.
+        cmd->add_option_function<std::string>(
+            "--storage",
+            [this](const std::string& v) {
+                storage = v;
+                storage_given = true;
+            },
+            "bound on what the sandbox writes to its filesystem, e.g. 512m, 10g "
+            "(default: the daemon's --default-storage)");
         cmd->add_option("--sandbox-workdir", workdir,
                         "where relative exec cwds and copy paths start (default: the image's "
                         "WorkingDir, else /)");
@@ -81,6 +92,12 @@ struct CreateOptions {
         if (!memory.empty()) c.mutable_resources()->set_memory_bytes(parse_size(memory));
         c.mutable_resources()->set_cpus(cpus);
         c.mutable_resources()->set_pids(pids);
+        if (storage_given) {
+            std::string error;
+            auto bytes = berth::parse_size(storage, &error);
+            if (!bytes) throw std::invalid_argument("storage: " + error);
+            c.mutable_resources()->set_storage_bytes(*bytes);
+        }
         return c;
     }
 };

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "base/size.h"
 #include "runtime/daemon/init_connection.h"
 #include "runtime/daemon/server.h"
 #include "runtime/wire/frame.h"
@@ -109,7 +110,8 @@ FileOperation::FileOperation(asio::io_context& io, std::shared_ptr<Session> sess
       request_id_(request_id),
       sandbox_id_(sandbox.info.id()),
       init_socket_(sandbox.init_socket),
-      workdir_(sandbox.info.workdir()) {}
+      workdir_(sandbox.info.workdir()),
+      storage_bytes_(sandbox.info.resources().storage_bytes()) {}
 
 void FileOperation::start(const v1::ClientMessage& request, std::vector<UniqueFd> fds) {
     kind_ = request.body_case();
@@ -216,7 +218,18 @@ void FileOperation::reply(const v1::init::FileResult& result) {
     if (result.has_failed()) {
         uint32_t code = result.failed().code();
         if (!v1::ErrorCode_IsValid(static_cast<int>(code)) || code == 0) code = v1::INTERNAL;
-        finish_with_error(static_cast<v1::ErrorCode>(code), result.failed().message());
+        std::string message = result.failed().message();
+        // What is full when a write inside a bounded sandbox fails for space is its own
+        // writable layer (a tmpfs of that size, or its project quota): say so, and how big.
+        const bool writes =
+            kind_ == v1::ClientMessage::kCopyIn || kind_ == v1::ClientMessage::kMakeDirs;
+        if (writes && storage_bytes_ && code == v1::RESOURCE_EXHAUSTED &&
+            (message.find("No space left") != std::string::npos ||
+             message.find("quota exceeded") != std::string::npos)) {
+            message += " (the sandbox's writable layer is full: its storage limit is " +
+                       format_size(storage_bytes_) + ")";
+        }
+        finish_with_error(static_cast<v1::ErrorCode>(code), message);
         return;
     }
     if (auto session = session_.lock()) {

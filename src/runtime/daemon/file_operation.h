@@ -43,6 +43,7 @@ class FileOperation : public std::enable_shared_from_this<FileOperation> {
     std::string sandbox_id_;
     std::string init_socket_;
     std::string workdir_;
+    uint64_t storage_bytes_ = 0;  // the sandbox's storage limit (0: none)
     v1::ClientMessage::BodyCase kind_ = v1::ClientMessage::BODY_NOT_SET;
     std::shared_ptr<FramedSocket> init_;
     bool finished_ = false;

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/size.h"
 #include "cgroup/cgroup.h"
 #include "helper.pb.h"
 #include "images.pb.h"
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
     std::string auth_file = "/etc/berth/auth.json";
     double lease_seconds = 60;
     uint32_t max_frame = wire::kDefaultMaxFrame;
+    std::string default_storage = "none";
     app.add_option("--runtime-dir", runtime_dir,
                    "sockets and sandbox state (env BERTH_RUNTIME_DIR)");
     app.add_option("--state-dir", state_dir, "writable layers (env BERTH_STATE_DIR)");
@@ -129,7 +131,21 @@ int main(int argc, char** argv) {
     app.add_option("--lease", lease_seconds,
                    "seconds a non-persistent sandbox outlives its client's connection");
     app.add_option("--max-frame", max_frame, "largest accepted frame in bytes");
+    app.add_option("--default-storage", default_storage,
+                   "the storage limit of a sandbox whose create gives none, e.g. 10g "
+                   "(none or 0: no limit)");
     CLI11_PARSE(app, argc, argv);
+    uint64_t default_storage_bytes = 0;
+    if (default_storage != "none") {
+        std::string error;
+        auto bytes = berth::parse_size(default_storage, &error);
+        if (!bytes || (*bytes != 0 && *bytes < daemon::kMinStorageBytes)) {
+            std::cerr << "berthd: --default-storage: "
+                      << (bytes ? "must be at least 1 MiB (or none)" : error) << std::endl;
+            return 2;
+        }
+        default_storage_bytes = *bytes;
+    }
     if (socket_path.empty()) socket_path = env_or("BERTH_SOCKET", runtime_dir + "/berth.sock");
 
     try {
@@ -193,6 +209,7 @@ int main(int argc, char** argv) {
         config.allowed_gid = gid;
         config.allowed_group_name = group;
         config.cgroup_driver = driver_name;
+        config.default_storage_bytes = default_storage_bytes;
         auto driver = driver_name == "v2" ? cgroup::make_v2_driver(cgroup_parent)
                                           : cgroup::make_v1_driver(cgroup_parent);
         daemon::Server server(io, config, channel, std::move(driver));

@@ -351,6 +351,8 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
     c->mutable_limits()->set_memory_bytes(r.memory_bytes());
     c->mutable_limits()->set_cpus(r.cpus());
     c->mutable_limits()->set_pids(r.pids() ? r.pids() : kDefaultPids);
+    const uint64_t storage = r.storage_bytes() ? r.storage_bytes() : config_.default_storage_bytes;
+    c->mutable_limits()->set_storage_bytes(storage);
 
     v1::SandboxInfo info;
     info.set_id(sandbox_id);
@@ -367,6 +369,7 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
     info.set_workdir(workdir.empty() ? "/" : workdir);
     *info.mutable_resources() = req.resources();
     if (!info.resources().pids()) info.mutable_resources()->set_pids(kDefaultPids);
+    info.mutable_resources()->set_storage_bytes(storage);  // the limit it got, default or not
     info.set_persistent(req.persistent());
     info.set_owner_uid(owner);
 
@@ -556,7 +559,28 @@ void Server::handle_inspect(const std::shared_ptr<Session>& session, uint64_t id
             return;
         }
     }
-    session->send(msg);
+    // How full a bounded writable layer is: only the helper can look (statfs through the
+    // sandbox's init). Not on any exec's path; an inspect of an unbounded sandbox skips it.
+    if (sandbox->info.resources().storage_bytes() == 0 || sandbox->info.state() != "running") {
+        session->send(msg);
+        return;
+    }
+    v1::helper::Request hreq;
+    hreq.mutable_get_storage()->set_id(sandbox->info.id());
+    std::weak_ptr<Session> weak = session;
+    helper_.call(std::move(hreq),
+                 [weak, msg = std::move(msg)](const v1::helper::Reply& reply) mutable {
+                     auto session = weak.lock();
+                     if (!session) return;
+                     // A sandbox that died meanwhile still gets its inspect, without the storage
+                     // count.
+                     if (reply.has_storage()) {
+                         auto* stats = msg.mutable_inspect()->mutable_stats();
+                         stats->set_storage_used_bytes(reply.storage().used_bytes());
+                         stats->set_storage_limit_bytes(reply.storage().limit_bytes());
+                     }
+                     session->send(msg);
+                 });
 }
 
 void Server::handle_set_persistent(const std::shared_ptr<Session>& session, uint64_t id,

@@ -13,6 +13,7 @@
 #include "runtime/daemon/framed_socket.h"
 #include "runtime/daemon/helper_client.h"
 #include "runtime/daemon/sandboxes.h"
+#include "runtime/daemon/validate.h"
 
 namespace berth::daemon {
 
@@ -28,7 +29,8 @@ struct ServerConfig {
     uid_t daemon_uid = 0;
     gid_t allowed_gid = 0;  // members of this group may connect (and root, and us)
     std::string allowed_group_name = "berth";
-    std::string cgroup_driver;  // "v1" | "v2", as the helper reported
+    std::string cgroup_driver;           // "v1" | "v2", as the helper reported
+    uint64_t default_storage_bytes = 0;  // for creates that give none; 0 = no limit
 };
 
 // An image reference resolved for a create: the name it has in the store, the manifest it

@@ -113,6 +113,11 @@ std::string check_resources(const v1::Resources& r) {
         return "memory: must be at least 4 MiB";
     if (r.memory_bytes() > (uint64_t{1} << 50)) return "memory: more than 1 PiB";
     if (r.pids() > 4194304) return "pids: more than 4194304 (the kernel's largest pid_max)";
+    // (Too large a value is the helper's to refuse: it knows what holds the layer.)
+    if (r.storage_bytes() != 0 && r.storage_bytes() < kMinStorageBytes) {
+        return "storage: must be at least 1 MiB (or 0 for the daemon's default), not " +
+               std::to_string(r.storage_bytes()) + " bytes";
+    }
     return {};
 }
 

@@ -7,12 +7,17 @@
 // further. Pure functions, unit-tested without a daemon (tests/runtime/validate_test.cc).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "berth.pb.h"
 
 namespace berth::daemon {
+
+// The smallest storage limit (--storage, --default-storage): below it not even an empty
+// layer's metadata fits.
+inline constexpr uint64_t kMinStorageBytes = uint64_t{1} << 20;
 
 // Each returns "" when the value is acceptable, else a message that starts with the field.
 

@@ -93,6 +93,8 @@ int main(int argc, char** argv) {
             } else if (request.has_delete_()) {
                 factory->destroy(request.delete_().id());
                 reply.mutable_deleted();
+            } else if (request.has_get_storage()) {
+                *reply.mutable_storage() = factory->storage_usage(request.get_storage().id());
             } else {
                 throw helper::HelperError(1, "unknown helper request");
             }

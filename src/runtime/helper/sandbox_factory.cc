@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -178,6 +179,8 @@ struct SandboxFactory::Live {
     pid_t pid = -1;
     UniqueFd pidfd;
     std::unique_ptr<cgroup::Cgroup> cgroup;
+    uint32_t project_id = 0;  // the project quota bounding its writable layer, if any
+    std::string layer_mount;  // a tmpfs layer attached here while the overlay is made
 };
 
 void set_process_title_area(char* start, size_t length) {
@@ -204,6 +207,11 @@ SandboxFactory::SandboxFactory(Config config)
     make_dirs(sandboxes, 0755);
     check_sys("chmod", sandboxes, [&] { return ::chmod(sandboxes.c_str(), 0755); });
     make_dirs(config_.state_dir + "/sandboxes", 0700);
+    storage_ = std::make_unique<Storage>(config_.state_dir + "/sandboxes");
+    std::fprintf(stderr, "berth-helper: storage limits are enforced by %s\n",
+                 storage_->backend() == StorageBackend::project_quota
+                     ? "project quotas on the state filesystem"
+                     : "a tmpfs layer per sandbox (the state filesystem has no project quota)");
 }
 
 SandboxFactory::~SandboxFactory() = default;
@@ -275,6 +283,9 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         rootfs_dir = open_rootfs(rootfs);
     }
 
+    const uint64_t storage_bytes = req.limits().storage_bytes();
+    if (storage_bytes) storage_->check(storage_bytes);
+
     const std::string run = sandbox_runtime_dir(id), state = sandbox_state_dir(id);
     if (live_.count(id) || ::access(run.c_str(), F_OK) == 0)
         throw HelperError(kAlreadyExists, "sandbox " + id + " already exists");
@@ -295,6 +306,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
             try {
                 if (live->pidfd) kill_and_wait(live->pidfd.get(), "(failed create)");
                 if (live->cgroup) live->cgroup->remove();
+                if (!live->layer_mount.empty()) ::umount2(live->layer_mount.c_str(), MNT_DETACH);
+                if (live->project_id) self->storage_->release_project(live->project_id);
                 remove_tree(run);
                 remove_tree(state);
             } catch (const std::exception&) {
@@ -306,12 +319,31 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     StepTimer timer("create");
     make_dirs(run + "/rootfs", 0755);
     make_dirs(state, 0700);
-    const std::string upper = state + "/upper", work = state + "/work";
+    std::string upper = state + "/upper", work = state + "/work";
+    const bool tmpfs_layer = storage_bytes && storage_->backend() == StorageBackend::tmpfs;
+    if (tmpfs_layer) {
+        // The overlay's upper and work dirs must share a filesystem: both go in the tmpfs.
+        // It is attached (in the helper's own mount namespace) only while the overlay is
+        // made; the overlay keeps its own reference, so the layer lives exactly as long as
+        // the sandbox's mount namespace, and nothing of it is left on the state dir (whose
+        // `layer` dir stays an empty directory that the janitor can move and remove).
+        const std::string mnt = state + "/layer";
+        make_dirs(mnt, 0700);
+        UniqueFd fs = storage_->make_tmpfs(storage_bytes);
+        check_sys("move_mount", mnt, [&] {
+            return ::move_mount(fs.get(), "", AT_FDCWD, mnt.c_str(), MOVE_MOUNT_F_EMPTY_PATH);
+        });
+        live->layer_mount = mnt;
+        upper = mnt + "/upper";
+        work = mnt + "/work";
+    }
     make_dirs(upper, 0755);
     make_dirs(work, 0700);
     const uid_t root_uid = config_.mapping.uids.host_start;
     const gid_t root_gid = config_.mapping.gids.host_start;
     check_sys("chown", upper, [&] { return ::chown(upper.c_str(), root_uid, root_gid); });
+    if (storage_bytes && !tmpfs_layer)
+        live->project_id = storage_->limit_project({upper, work}, storage_bytes);
 
     cgroup::Limits limits;
     if (req.limits().memory_bytes()) limits.memory_bytes = req.limits().memory_bytes();
@@ -330,6 +362,12 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     } else {
         UniqueFd lower = ns::make_idmapped_tree(rootfs_dir.get(), rootfs, template_userns_.get());
         overlay = ns::make_overlay(lower.get(), upper, work, run + "/rootfs");
+    }
+    if (!live->layer_mount.empty()) {
+        // Before the clone: the sandbox's mount namespace must not get a copy of it.
+        check_sys("umount2", live->layer_mount,
+                  [&] { return ::umount2(live->layer_mount.c_str(), MNT_DETACH); });
+        live->layer_mount.clear();
     }
 
     int go[2], ready[2];
@@ -431,6 +469,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         {"rootfs", rootfs},
         {"layers", std::vector<std::string>(req.layers().begin(), req.layers().end())},
         {"hostname", req.hostname()},
+        {"storage_bytes", storage_bytes},
+        {"project_id", live->project_id},
     };
     // Written after the reply is sent (run_deferred): it is only read by a daemon that
     // restarts, and a file write is a good part of a create's time.
@@ -466,6 +506,7 @@ void SandboxFactory::destroy(const std::string& id) {
             auto j = nlohmann::json::parse(read_file(run + "/state.json"));
             pid_t pid = j.at("init_pid").get<pid_t>();
             uint64_t start = j.at("init_start_time").get<uint64_t>();
+            live->project_id = j.value("project_id", 0u);
             int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
             if (fd >= 0) {
                 UniqueFd pidfd(fd);
@@ -484,10 +525,60 @@ void SandboxFactory::destroy(const std::string& id) {
         live->cgroup->remove();
     }
     timer.mark("cgroup");
+    if (live->project_id) {
+        // Its limit goes now; what it holds is counted under its id until the janitor has
+        // removed it, so the id is not handed out again before (Storage::limit_project).
+        try {
+            storage_->release_project(live->project_id);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "berth-helper: deleting %s: %s\n", id.c_str(), e.what());
+        }
+    }
     // Out of sight now (a restarting daemon finds no trace to reattach), off the disk soon.
     janitor_.discard(run, kRunTrash, id);
     janitor_.discard(state, kStateTrash, id);
     timer.mark("discard");
+}
+
+}  // namespace berth::helper
+
+namespace berth::helper {
+
+UniqueFd SandboxFactory::find_init(const std::string& id, pid_t* pid) {
+    if (auto it = live_.find(id); it != live_.end()) {
+        *pid = it->second->pid;
+        int fd = ::fcntl(it->second->pidfd.get(), F_DUPFD_CLOEXEC, 0);
+        return UniqueFd(fd);
+    }
+    const std::string run = sandbox_runtime_dir(id);
+    try {
+        auto j = nlohmann::json::parse(read_file(run + "/state.json"));
+        *pid = j.at("init_pid").get<pid_t>();
+        uint64_t start = j.at("init_start_time").get<uint64_t>();
+        UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, *pid, 0)));
+        if (pidfd && start != 0 && process_start_time(*pid) == start) return pidfd;
+    } catch (const std::exception&) {
+    }
+    return UniqueFd();
+}
+
+v1::helper::StorageUsage SandboxFactory::storage_usage(const std::string& id) {
+    if (!valid_sandbox_id(id))
+        throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
+    pid_t pid = -1;
+    UniqueFd pidfd = find_init(id, &pid);
+    if (!pidfd) throw HelperError(kNotFound, "sandbox " + id + " is not running");
+    // Its root as its init sees it: the overlay, whose statfs is its upper dir's.
+    const std::string root = "/proc/" + std::to_string(pid) + "/root";
+    UniqueFd fd(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    // Still the same process (the pidfd names it; a recycled pid would be another one).
+    if (!fd || ::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) != 0)
+        throw HelperError(kNotFound, "sandbox " + id + " is not running");
+    StorageCount count = storage_count(fd.get(), "root of sandbox " + id);
+    v1::helper::StorageUsage usage;
+    usage.set_used_bytes(count.used_bytes);
+    usage.set_limit_bytes(count.total_bytes);
+    return usage;
 }
 
 }  // namespace berth::helper

@@ -15,6 +15,7 @@
 #include "ns/idmap.h"
 #include "ns/security.h"
 #include "runtime/helper/janitor.h"
+#include "runtime/helper/storage.h"
 
 namespace berth::helper {
 
@@ -44,6 +45,8 @@ class SandboxFactory {
     // moved out of the way and removed in the background (Janitor).
     // A sandbox this helper did not create (a previous helper did) is found by its state file.
     void destroy(const std::string& id);
+    // How full the sandbox's writable layer is (statfs of its root, through its init).
+    v1::helper::StorageUsage storage_usage(const std::string& id);
 
     // Work that may wait until the reply has been sent (the state file of a new sandbox).
     void run_deferred();
@@ -56,12 +59,16 @@ class SandboxFactory {
     UniqueFd open_rootfs(const std::string& rootfs) const;
     std::string sandbox_runtime_dir(const std::string& id) const;
     std::string sandbox_state_dir(const std::string& id) const;
+    // The running init of a sandbox, from this helper's own record or (made by an earlier
+    // helper) its state file, pid reuse guarded; empty when it is not running.
+    UniqueFd find_init(const std::string& id, pid_t* pid);
 
     Config config_;
     Janitor janitor_;  // first: forked while the helper is small
     std::unique_ptr<cgroup::Driver> driver_;
     UniqueFd template_userns_;
     ns::SeccompProgram seccomp_;
+    std::unique_ptr<Storage> storage_;  // how --storage is enforced on this state filesystem
     std::map<std::string, std::unique_ptr<Live>> live_;
     std::function<void()> deferred_;
     bool oom_adjust_refused_ = false;  // this host's root may not lower oom_score_adj
