@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "base/error.h"
@@ -124,6 +125,15 @@ UniqueFd load_device_program() {
 }
 
 void attach_device_program(int cgroup_fd, int program_fd, const std::string& cgroup_dir) {
+    // A cgroup made again under the same name (a crashed create's) may hold this very program
+    // already, and attaching one program twice is EINVAL: take it off first (ENOENT when it
+    // was not there).
+    bpf_attr detach{};
+    detach.target_fd = static_cast<uint32_t>(cgroup_fd);
+    detach.attach_bpf_fd = static_cast<uint32_t>(program_fd);
+    detach.attach_type = BPF_CGROUP_DEVICE;
+    if (bpf(BPF_PROG_DETACH, &detach) != 0 && errno != ENOENT)
+        throw_sys("bpf BPF_PROG_DETACH", cgroup_dir);
     bpf_attr attr{};
     attr.target_fd = static_cast<uint32_t>(cgroup_fd);
     attr.attach_bpf_fd = static_cast<uint32_t>(program_fd);
