@@ -12,13 +12,12 @@ have: read from /proc/PID/status of the real processes of a running daemon.
 
 Needs root."""
 import os
+import signal
 import subprocess
-import threading
+import sys
 import time
 
-import pytest
-
-from conftest import Daemon
+from conftest import BERTH
 import hostutil
 
 CAP = {
@@ -86,3 +85,63 @@ def test_a_sandbox_below_the_confined_helper_sees_the_same_errors(daemon, make_s
     # Two filters stacked: the helper's and the sandbox's own.
     if "Seccomp_filters" in st:
         assert int(st["Seccomp_filters"]) >= 2, st["Seccomp_filters"]
+
+
+def test_the_unpack_worker_has_no_capability_on_the_host(daemon, tmp_path):
+    # A layer big enough that its unpack is caught in the act, then stopped while it is read.
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_images import big_layout_tar
+    tar = big_layout_tar(tmp_path, 300)
+    layout = tmp_path / "layout"
+    layout.mkdir()
+    subprocess.run(["tar", "-xf", str(tar), "-C", str(layout)], check=True)
+    os.chmod(tmp_path, 0o755)
+    proc = subprocess.Popen([str(BERTH), "image", "import", str(layout), "--name", "it/priv:1"],
+                            env=dict(os.environ, BERTH_SOCKET=daemon.socket),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = None
+    try:
+        deadline = time.monotonic() + 120
+        while seen is None and proc.poll() is None and time.monotonic() < deadline:
+            for pid in hostutil.children(daemon.images_pid):
+                try:
+                    if open(f"/proc/{pid}/comm").read().strip() == "berth-unpack":
+                        os.kill(pid, signal.SIGSTOP)
+                        seen = pid
+                        break
+                except OSError:
+                    pass
+            time.sleep(0.002)
+        assert seen, "no unpack worker seen during the import"
+        try:
+            st = status(seen)
+            uid_map = open(f"/proc/{seen}/uid_map").read().split()
+            gid_map = open(f"/proc/{seen}/gid_map").read().split()
+            userns = os.readlink(f"/proc/{seen}/ns/user")
+        finally:
+            os.kill(seen, signal.SIGCONT)
+        # Its own namespace, holding the sandboxes' mapping: root inside is 200000 outside,
+        # and the capabilities it keeps are over that namespace only.
+        assert userns != os.readlink("/proc/self/ns/user")
+        assert uid_map[:2] == ["0", str(HOST_ROOT_UID)], uid_map
+        assert gid_map[:2] == ["0", str(HOST_ROOT_UID)], gid_map
+        assert st["Uid"].split() == [str(HOST_ROOT_UID)] * 4, st["Uid"]
+        assert st["Gid"].split() == [str(HOST_ROOT_UID)] * 4, st["Gid"]
+        assert st["Groups"] == "", st["Groups"]
+        for key in ("CapBnd", "CapPrm", "CapEff"):
+            assert int(st[key], 16) == mask(WORKER_CAPS), f"{key} {st[key]}"
+        assert int(st["CapInh"], 16) == 0 and int(st["CapAmb"], 16) == 0
+        assert st["NoNewPrivs"] == "1"
+        assert st["Seccomp"] == "2"
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    # What it unpacked: owned by the sandboxes' root, in the store.
+    layers = daemon.state_dir / "images/layers"
+    dirs = [d for d in layers.iterdir() if not d.name.startswith(".")]
+    big = [d for d in dirs if (d / "big.bin").exists()]
+    assert big and (big[0] / "big.bin").stat().st_uid == HOST_ROOT_UID
+    daemon.cli_ok("rmi", "it/priv:1")

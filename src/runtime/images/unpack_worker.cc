@@ -225,7 +225,6 @@ images::Unpacker isolated_unpacker(std::string binary, ns::IdMapping mapping) {
 }
 
 int unpack_worker_main() {
-    ::prctl(PR_SET_NAME, "berth-unpack");
     v1::unpack::Result result;
     auto fail = [&](v1::unpack::FailureKind kind, const std::string& message, int err = 0) {
         auto* f = result.mutable_failure();
@@ -236,6 +235,8 @@ int unpack_worker_main() {
     try {
         ns::confine_process(unpack_worker_capabilities(),
                             ns::SeccompProgram::worker_profile(/*network=*/false));
+        // Named once confined (a test that finds it by name sees the confined process).
+        ::prctl(PR_SET_NAME, "berth-unpack");
         v1::unpack::Job job;
         if (wire::read_frame(kChannelFd, job, kMaxResult) != wire::ReadStatus::ok) return 2;
         images::Compression compression;
