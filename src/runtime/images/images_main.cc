@@ -1,8 +1,10 @@
 // berth-images: the image store's privileged keeper. Started by berthd (as root) before it
-// drops its privileges, like berth-helper; unpacking layers needs root (owners in the
-// sandboxes' range, device whiteouts, trusted.* xattrs). It serves berthd's typed requests
-// on one socketpair, several at once, and never sees a client byte: what a client gives it
-// (an archive, a directory, a place to export to) arrives as an fd the client opened.
+// drops its privileges, like berth-helper, and confined at once to the capability set below
+// (no_new_privs, the service seccomp filter). Layers are unpacked by a worker in a user
+// namespace (unpack_worker.h), which is this binary again with --unpack-worker. It serves
+// berthd's typed requests on one socketpair, several at once, and never sees a client byte:
+// what a client gives it (an archive, a directory, a place to export to) arrives as an fd the
+// client opened.
 // It dies with berthd: at EOF on the channel it exits at once, cutting short what runs (the
 // store is made to be cut anywhere; the next open sweeps what is left).
 #include <fcntl.h>
