@@ -52,7 +52,12 @@ bool read_byte(int fd, char* c) {
 }
 
 // The forked child, up to execve: only async-signal-safe calls (berth-images has threads).
-[[noreturn]] void exec_worker(int binary, int channel, int blob, int scratch, pid_t parent) {
+[[noreturn]] void exec_worker(int binary, int channel, int parent_end, int blob, int scratch,
+                              pid_t parent) {
+    // Our copy of berth-images' end would keep the handshake from ever seeing it go.
+    ::close(parent_end);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(119);
     if (::unshare(CLONE_NEWUSER) != 0) ::_exit(120);
     char c = 'u';
     if (::write(channel, &c, 1) != 1) ::_exit(121);
@@ -113,7 +118,8 @@ images::UnpackResult run_worker(const std::string& binary, const ns::IdMapping& 
         check_sys("open", binary, [&] { return ::open(binary.c_str(), O_PATH | O_CLOEXEC); }));
     const pid_t parent = ::getpid();
     const pid_t pid = check_sys("fork", "unpack worker", [] { return ::fork(); });
-    if (pid == 0) exec_worker(binary_fd.get(), theirs.get(), blob_fd, scratch_fd.get(), parent);
+    if (pid == 0)
+        exec_worker(binary_fd.get(), theirs.get(), ours.get(), blob_fd, scratch_fd.get(), parent);
     theirs.reset();
     struct Reap {
         pid_t pid;
