@@ -1,11 +1,14 @@
 #include "rootfs-tools/image_store.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -55,6 +58,46 @@ ImageStore::ImageStore(std::string root, uint32_t uid_shift, uint32_t gid_shift)
     : root_(std::move(root)), uid_shift_(uid_shift), gid_shift_(gid_shift), blobs_(root_) {
     make_dirs(root_ + "/layers", 0755);
     sweep_layers(nullptr);
+    check_format();
+}
+
+namespace {
+
+// Format 1 -> 2: every directory of every layer marked opaque with the trusted.* form gets
+// the user.* form instead. The trees are the store's own (unpacked and verified before), and
+// nftw with FTW_PHYS never follows a symlink in them.
+int convert_opaque(const char* path, const struct stat* st, int type, struct FTW*) {
+    if (type != FTW_D || !S_ISDIR(st->st_mode)) return 0;
+    char value[8];
+    const ssize_t n = ::lgetxattr(path, "trusted.overlay.opaque", value, sizeof(value));
+    if (n < 0) return errno == ENODATA ? 0 : -1;
+    if (::lsetxattr(path, "user.overlay.opaque", value, static_cast<size_t>(n), 0) != 0) return -1;
+    return ::lremovexattr(path, "trusted.overlay.opaque");
+}
+
+}  // namespace
+
+void ImageStore::check_format() {
+    const std::string file = root_ + "/format";
+    struct stat st;
+    if (::stat(file.c_str(), &st) == 0) {
+        const std::string have = berth::read_file(file);
+        if (have != std::to_string(kStoreFormat) + "\n") {
+            throw std::runtime_error("the image store " + root_ + " has format '" +
+                                     have.substr(0, have.find('\n')) + "'; this berth reads " +
+                                     std::to_string(kStoreFormat) +
+                                     " (remove the store, or use the berth that made it)");
+        }
+        return;
+    }
+    const std::string layers = root_ + "/layers";
+    for (const auto& entry : std::filesystem::directory_iterator(layers)) {
+        if (entry.path().filename().string()[0] == '.') continue;
+        const std::string dir = entry.path().string();
+        if (::nftw(dir.c_str(), convert_opaque, 64, FTW_PHYS | FTW_MOUNT) != 0)
+            throw_sys("convert layer to user.overlay xattrs", dir);
+    }
+    write_file_atomic(file, std::to_string(kStoreFormat) + "\n", 0644);
 }
 
 std::string ImageStore::layer_dir(const Digest& diff_id) const {
@@ -70,8 +113,13 @@ void ImageStore::ensure_layer(const Layer& layer, const Digest& diff_id) {
     o.uid_shift = uid_shift_;
     o.gid_shift = gid_shift_;
     o.diff_id = diff_id;
+    // Format 2: what an unpacker in a user namespace can write (kStoreFormat).
+    o.rootless = true;
     try {
-        unpack_layer(blob.get(), layer.compression, dest, o);
+        if (unpacker_)
+            unpacker_(blob.get(), layer.compression, dest, o);
+        else
+            unpack_layer(blob.get(), layer.compression, dest, o);
     } catch (const SysError& e) {
         // Another import unpacked the same layer meanwhile: the same bytes, by its name.
         // (unpack_layer renames without replacing, and has removed its own copy.)

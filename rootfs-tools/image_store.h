@@ -4,6 +4,7 @@
 // so an interrupted import leaves nothing a later one trusts.
 #pragma once
 
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "rootfs-tools/blob_store.h"
+#include "rootfs-tools/layer.h"
 #include "rootfs-tools/manifest.h"
 #include "rootfs-tools/reference.h"
 #include "rootfs-tools/source_dir.h"
@@ -52,6 +54,18 @@ struct RemoveResult {
     std::vector<std::string> deleted;   // "sha256:..." for blobs, "layer sha256:..." for layers
     uint64_t freed_bytes = 0;           // disk blocks given back
 };
+
+// What unpacks a layer for the store (unpack_layer's shape). berth-images gives the store one
+// that runs it in an unprivileged worker in a user namespace (src/runtime/images/
+// unpack_worker.h); without one, unpack_layer runs in this process.
+using Unpacker = std::function<UnpackResult(int blob_fd, Compression compression,
+                                            const std::string& dest, const UnpackOptions& options)>;
+
+// The on-disk format of the store. 2: opaque directories are marked `user.overlay.opaque`
+// (what a user namespace can write; the overlay is mounted with `userxattr`) and layers hold
+// no device nodes. A store of format 1 (trusted.overlay.opaque, written as root) is
+// converted when it is opened.
+constexpr int kStoreFormat = 2;
 
 class ImageStore {
   public:
@@ -122,6 +136,9 @@ class ImageStore {
 
     BlobStore& blobs() { return blobs_; }
 
+    // Replaces how layers are unpacked (before any import or pull starts).
+    void set_unpacker(Unpacker unpacker) { unpacker_ = std::move(unpacker); }
+
     // Unpacks the layer's blob unless layers/<diff_id> exists. Safe when several threads or
     // processes unpack the same layer: each into a temporary directory, the first rename
     // wins and the others discard theirs.
@@ -149,8 +166,12 @@ class ImageStore {
     // ".*.removing-*"); at open, and in prune.
     void sweep_layers(RemoveResult* result);
 
+    // Opens or converts the store's format (kStoreFormat), refusing one it does not know.
+    void check_format();
+
     std::string root_;
     uint32_t uid_shift_, gid_shift_;
+    Unpacker unpacker_;
     BlobStore blobs_;
     mutable std::mutex mu_;         // images.json read-modify-write
     std::shared_mutex content_mu_;  // see hold_content()

@@ -14,6 +14,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "base/error.h"
 #include "ns/security.h"
 
 namespace berth::ns {
@@ -153,6 +154,17 @@ int apply_identity(const ProcessIdentity& id, const char** failed_step) noexcept
     // what lets the unprivileged process install its seccomp filter.
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail("PR_SET_NO_NEW_PRIVS", errno);
     return 0;
+}
+
+void confine_process(const std::vector<std::string>& capabilities, const SeccompProgram& filter) {
+    ProcessIdentity id;
+    id.uid = ::geteuid();
+    id.gid = ::getegid();
+    id.capabilities = capabilities;
+    const char* step = nullptr;
+    if (int rc = apply_identity(id, &step); rc != 0)
+        throw_sys(step ? step : "apply_identity", "confine", -rc);
+    if (int rc = filter.install(); rc != 0) throw_sys("PR_SET_SECCOMP", "confine", -rc);
 }
 
 }  // namespace berth::ns

@@ -229,15 +229,23 @@ UniqueFd make_layered_overlay(const std::vector<std::string>& lowers, const std:
         }
         // See make_overlay for why the upper layer is volatile.
         ::fsconfig(fs.get(), FSCONFIG_SET_FLAG, "volatile", nullptr, 0);
-        check_sys("fsconfig create", "overlay",
-                  [&] { return ::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0); });
-        return UniqueFd(check_sys("fsmount", "overlay", [&] {
-            return ::fsmount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV);
-        }));
+        // Image layers are unpacked in a user namespace, which can write only the user.*
+        // form of overlay's xattrs (user.overlay.opaque; image store format 2).
+        check_sys("fsconfig", "overlay userxattr",
+                  [&] { return ::fsconfig(fs.get(), FSCONFIG_SET_FLAG, "userxattr", nullptr, 0); });
+        // Before 6.5 overlay takes the new API's keys as legacy text (any key is accepted)
+        // and refuses "lowerdir+" only here: then mount(2) as below.
+        if (::fsconfig(fs.get(), FSCONFIG_CMD_CREATE, nullptr, nullptr, 0) == 0) {
+            return UniqueFd(check_sys("fsmount", "overlay", [&] {
+                return ::fsmount(fs.get(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV);
+            }));
+        }
+        if (errno != EINVAL) throw_sys("fsconfig create", "overlay");
     }
     std::string data = "lowerdir=";
     for (size_t i = 0; i < lowers.size(); ++i) data += (i ? ":" : "") + lowers[i];
-    data += ",upperdir=" + upper + ",workdir=" + work + ",index=off,metacopy=off,volatile";
+    data +=
+        ",upperdir=" + upper + ",workdir=" + work + ",index=off,metacopy=off,volatile,userxattr";
     if (data.size() >= 4096) {
         throw std::invalid_argument("an image of " + std::to_string(lowers.size()) +
                                     " layers is too deep for this kernel's overlay options "

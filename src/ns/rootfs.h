@@ -33,7 +33,8 @@ UniqueFd make_overlay(int lower_fd, const std::string& upper, const std::string&
 
 // A detached overlay over several plain directories (an image's unpacked layers), `lowers`
 // top first. Their owners are already those of the sandbox's id range, so no id mapping is
-// needed. `staging_dir` is used only on kernels before 6.8 (see the .cc).
+// needed. Mounted with `userxattr`: opaque dirs are marked user.overlay.opaque (the image
+// store's format 2). `staging_dir` is used only on kernels before 6.8 (see the .cc).
 UniqueFd make_layered_overlay(const std::vector<std::string>& lowers, const std::string& upper,
                               const std::string& work, const std::string& staging_dir);
 

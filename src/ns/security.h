@@ -83,6 +83,24 @@ class SeccompProgram {
     // The program itself, for tests and debugging dumps.
     const std::vector<sock_filter>& instructions() const { return insns_; }
 
+    // For berth-helper and berth-images' root part: EPERM for what a privileged service of
+    // berth never calls (keyrings, bpf, perf, kexec and modules, handle-based opens,
+    // userfaultfd, accounting, swap, reboot, the kernel log, clocks, port I/O, quotas,
+    // io_uring, obsolete calls). berth-init is forked from the helper and keeps this filter
+    // under its own, so it holds only calls that default_profile() denies with EPERM too:
+    // a sandbox sees exactly what it saw without it (tests/ns/security_test.cc).
+    static SeccompProgram service_profile();
+
+    // For the unprivileged workers that parse untrusted bytes (the unpack worker, the
+    // registry fetcher): default_profile()'s denials, plus ptrace and other processes'
+    // memory, and no new process (fork, vfork, clone without CLONE_THREAD: threads only),
+    // so once the worker has exited nothing of it is left to race the root side over what
+    // it wrote. Without `network`: no sockets either.
+    static SeccompProgram worker_profile(bool network);
+
+    // The names service_profile() denies, for tests (none may be in the sandbox's allowlist).
+    static std::vector<std::string> service_denied_names();
+
   private:
     std::vector<sock_filter> insns_;
 };
@@ -110,6 +128,13 @@ struct ProcessIdentity {
     std::vector<std::string> capabilities = default_capability_names();
 };
 int apply_identity(const ProcessIdentity& id, const char** failed_step) noexcept;
+
+// Confines the calling process (uid 0 in its user namespace, still single-threaded: the
+// sets and the filter are per thread, and threads started later inherit them) for the rest of
+// its life: bounding, permitted and effective sets reduced to `capabilities`, inheritable
+// and ambient cleared, supplementary groups dropped, no_new_privs, then `filter`. Throws
+// SysError naming the step.
+void confine_process(const std::vector<std::string>& capabilities, const SeccompProgram& filter);
 
 // Reduces the bounding set of this process to `capabilities`, once, so that children's
 // apply_identity() with the same list skips that step (berth-init calls it at start).

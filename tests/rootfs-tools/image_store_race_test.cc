@@ -48,6 +48,6 @@ TEST_F(ImageStoreRaceTest, ConcurrentUnpacksOfOneLayerBothSucceed) {
         EXPECT_EQ(std::distance(fs::directory_iterator(dir_ + "/store/layers"), {}), 2)
             << "round " << round;
     }
-    const std::string merged = mount_lowers(seed.lower_dirs(im));
+    const std::string merged = mount_lowers(seed.lower_dirs(im), /*userxattr=*/true);
     EXPECT_EQ(read(merged + "/etc/a"), "a2\n");
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -36,7 +37,7 @@ TEST_F(ImageStoreTest, ImportsAnOciLayoutOnceAndSharesItsLayers) {
 
     // The lowers, top first, give the image's files.
     const auto lowers = store.lower_dirs(im);
-    const std::string merged = mount_lowers(lowers);
+    const std::string merged = mount_lowers(lowers, /*userxattr=*/true);
     EXPECT_EQ(read(merged + "/etc/a"), "a2\n");
     EXPECT_FALSE(fs::exists(merged + "/etc/b"));
 
@@ -133,4 +134,30 @@ TEST_F(ImageStoreTest, ARootfsDirectoryBecomesAOneLayerImage) {
     EXPECT_THROW(store.import_rootfs_dir(dir_ + "/nowhere", parse_reference("x:1"), config),
                  std::exception);
     EXPECT_FALSE(store.find(parse_reference("x:1")));
+}
+
+// A store of format 1 (opaque dirs as trusted.overlay.opaque, written as root) is converted
+// when it is opened: the user.overlay form that the userxattr overlay reads; a store of an
+// unknown format is refused by name.
+TEST_F(ImageStoreTest, AFormatOneStoreIsConvertedAndAnUnknownOneRefused) {
+    const std::string root = dir_ + "/old-store";
+    const std::string opaque = root + "/layers/" + std::string(64, 'a') + "/data";
+    fs::create_directories(opaque);
+    fs::create_directories(root + "/layers/" + std::string(64, 'b') + "/plain");
+    ASSERT_EQ(::setxattr(opaque.c_str(), "trusted.overlay.opaque", "y", 1, 0), 0);
+    { ImageStore store(root, 200000); }
+    char v[8] = {};
+    EXPECT_EQ(::getxattr(opaque.c_str(), "user.overlay.opaque", v, sizeof(v)), 1);
+    EXPECT_EQ(std::string(v, 1), "y");
+    EXPECT_LT(::getxattr(opaque.c_str(), "trusted.overlay.opaque", v, sizeof(v)), 0);
+    EXPECT_EQ(read(root + "/format"), "2\n");
+    { ImageStore again(root, 200000); }  // opens as it is
+
+    std::ofstream(root + "/format") << "7\n";
+    try {
+        ImageStore refused(root, 200000);
+        ADD_FAILURE() << "a store of format 7 was opened";
+    } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("format '7'"), std::string::npos) << e.what();
+    }
 }

@@ -34,11 +34,12 @@ class LayersFixture : public ::testing::Test {
         if (!dir_.empty()) std::filesystem::remove_all(dir_);
     }
 
-    // Mounts `lowers` (top first) read-only at dir_/merged and returns that path.
-    std::string mount_lowers(const std::vector<std::string>& lowers) {
+    // Mounts `lowers` (top first) read-only at dir_/merged and returns that path. Layers of an
+    // ImageStore (format 2: user.overlay.opaque) need `userxattr`, as the helper mounts them.
+    std::string mount_lowers(const std::vector<std::string>& lowers, bool userxattr = false) {
         const std::string merged = dir_ + "/merged";
         std::filesystem::create_directory(merged);
-        std::string opts = "lowerdir=";
+        std::string opts = userxattr ? "userxattr,lowerdir=" : "lowerdir=";
         for (size_t i = 0; i < lowers.size(); ++i) opts += (i ? ":" : "") + lowers[i];
         if (::mount("overlay", merged.c_str(), "overlay", MS_RDONLY, opts.c_str()) != 0) {
             ADD_FAILURE() << "mount overlay " << opts << ": " << std::strerror(errno);

@@ -150,7 +150,7 @@ class PullTest : public LayersFixture {
 
     // The app image's files, as a sandbox sees them.
     void expect_app_files(ImageStore& store, const Image& im) {
-        const std::string merged = mount_lowers(store.lower_dirs(im));
+        const std::string merged = mount_lowers(store.lower_dirs(im), /*userxattr=*/true);
         EXPECT_EQ(read(merged + "/etc/a"), "a2\n");
         EXPECT_FALSE(fs::exists(merged + "/etc/b"));  // a whiteout
         EXPECT_EQ(read(merged + "/data/new"), "new\n");

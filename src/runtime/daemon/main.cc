@@ -56,8 +56,8 @@ pid_t start_helper(const std::string& path, int channel, const std::vector<std::
     return pid;
 }
 
-// berth-images: root like the helper (it unpacks layers with their owners, devices and
-// trusted xattrs), with a channel of its own; it exits when that channel closes (when we
+// berth-images: root like the helper (it keeps the image store and starts the unpack
+// workers' user namespaces), with a channel of its own; it exits when that channel closes (when we
 // die: a death signal could not reach it once we are unprivileged).
 UniqueFd start_images(const std::string& path, const std::string& state_dir,
                       const std::string& user, const std::string& registries_conf,

@@ -21,6 +21,26 @@
 
 using namespace berth;
 
+namespace {
+
+// What berth-helper needs in the host's user namespace, and why (tests/integration/
+// test_privileges.py holds the same list):
+const std::vector<std::string>& helper_capabilities() {
+    static const std::vector<std::string> caps = {
+        "SYS_ADMIN",  // mounts (overlay, open_tree, id-mapped), namespaces
+        "SETUID",
+        "SETGID",           // the sandboxes' uid_map and gid_map (a range, not our own id)
+        "CHOWN",            // the control socket and runtime files to the daemon user
+        "FOWNER",           // chmod and utimes on what the daemon user or a sandbox owns
+        "DAC_OVERRIDE",     // writing and removing in directories a sandbox's root owns
+        "DAC_READ_SEARCH",  // walking them (the janitor empties writable layers)
+        "KILL",             // signalling sandbox inits (another uid)
+    };
+    return caps;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
     CLI::App app{"berth-helper: privileged sandbox construction for berthd"};
     int channel = -1;
@@ -50,6 +70,11 @@ int main(int argc, char** argv) {
         check_sys("mount", "/ rslave",
                   [] { return ::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr); });
         ns::raise_nofile_limit();
+        // From here on, the smallest set that makes a sandbox, in every set including the
+        // bounding set (berth-init's own capabilities are unaffected: a new user namespace
+        // starts with a full set of its own), no_new_privs, and a filter of calls no part of
+        // berth-helper makes. Before the janitor is forked, so it is confined too.
+        ns::confine_process(helper_capabilities(), ns::SeccompProgram::service_profile());
         struct passwd* pw = ::getpwnam(service_user.c_str());
         uid_t service_uid = pw ? pw->pw_uid : config.daemon_uid;
         config.mapping = ns::mapping_for_user(service_user, service_uid);

@@ -1,8 +1,10 @@
 // berth-images: the image store's privileged keeper. Started by berthd (as root) before it
-// drops its privileges, like berth-helper; unpacking layers needs root (owners in the
-// sandboxes' range, device whiteouts, trusted.* xattrs). It serves berthd's typed requests
-// on one socketpair, several at once, and never sees a client byte: what a client gives it
-// (an archive, a directory, a place to export to) arrives as an fd the client opened.
+// drops its privileges, like berth-helper, and confined at once to the capability set below
+// (no_new_privs, the service seccomp filter). Layers are unpacked by a worker in a user
+// namespace (unpack_worker.h), which is this binary again with --unpack-worker. It serves
+// berthd's typed requests on one socketpair, several at once, and never sees a client byte:
+// what a client gives it (an archive, a directory, a place to export to) arrives as an fd the
+// client opened.
 // It dies with berthd: at EOF on the channel it exits at once, cutting short what runs (the
 // store is made to be cut anywhere; the next open sweeps what is left).
 #include <fcntl.h>
@@ -14,6 +16,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -21,14 +24,42 @@
 #include "base/files.h"
 #include "images.pb.h"
 #include "ns/idmap.h"
+#include "ns/security.h"
 #include "rootfs-tools/image_store.h"
 #include "runtime/images/pulling.h"
 #include "runtime/images/service.h"
+#include "runtime/images/unpack_worker.h"
 #include "runtime/wire/frame.h"
 
 using namespace berth;
 
+namespace {
+
+// What the root part of berth-images needs in the host's user namespace (tests/integration/
+// test_privileges.py holds the same list). Layers are unpacked by a worker in a user
+// namespace (unpack_worker.h); what is left is the store's own files, the worker's id maps,
+// and the debootstrap bootstrap, which runs as root under this bounding set and needs what
+// debootstrap and dpkg need (chroot, device nodes, owners, file capabilities, mounting
+// /proc in a namespace of its own).
+const std::vector<std::string>& images_capabilities() {
+    static const std::vector<std::string> caps = {
+        "SETUID", "SETGID",  // the unpack worker's id maps; debootstrap's maintainer scripts
+        "CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE", "DAC_READ_SEARCH",  // the store's
+        // trees (layers are owned by the sandboxes' ids), and debootstrap's
+        "KILL",                            // stopping debootstrap's tree, ending an unpack worker
+        "SYS_ADMIN",                       // debootstrap's pid and mount namespace, its /proc
+        "SYS_CHROOT", "MKNOD", "SETFCAP",  // debootstrap and dpkg
+    };
+    return caps;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+    // A layer's unpack worker (unpack_worker.h): berth-images itself, exec'd in a user
+    // namespace by isolated_unpacker.
+    if (argc == 2 && std::strcmp(argv[1], "--unpack-worker") == 0)
+        return images_service::unpack_worker_main();
     CLI::App app{"berth-images: the image store for berthd"};
     int channel = -1;
     pid_t parent = 0;
@@ -68,7 +99,12 @@ int main(int argc, char** argv) {
         make_dirs(state_dir, 0700);
         store = std::make_unique<images::ImageStore>(state_dir + "/images", mapping.uids.host_start,
                                                      mapping.gids.host_start);
+        store->set_unpacker(images_service::isolated_unpacker(
+            std::filesystem::read_symlink("/proc/self/exe").string(), mapping));
         pulling = images_service::make_pulling(*store, registries_conf, auth_file);
+        // Before any thread starts (capabilities and filters are per thread; threads made
+        // later inherit them).
+        ns::confine_process(images_capabilities(), ns::SeccompProgram::service_profile());
     } catch (const std::exception& e) {
         std::cerr << "berth-images: cannot start: " << e.what() << std::endl;
         v1::images::Reply fatal;
