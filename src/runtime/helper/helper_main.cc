@@ -35,6 +35,7 @@ const std::vector<std::string>& helper_capabilities() {
         "DAC_OVERRIDE",     // writing and removing in directories a sandbox's root owns
         "DAC_READ_SEARCH",  // walking them (the janitor empties writable layers)
         "KILL",             // signalling sandbox inits (another uid)
+        "SYS_PTRACE",       // /proc/INIT/root of a non-dumpable init (storage usage)
     };
     return caps;
 }
