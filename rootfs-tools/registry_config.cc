@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <utility>
 
 #include "base/error.h"
 #include "base/files.h"
@@ -60,7 +62,7 @@ AuthConfig AuthConfig::parse(std::string_view text, const std::string& what) {
     json j;
     try {
         j = json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
         throw ConfigError(what + ": not JSON (" + e.what() + ")");
     }
     if (!j.is_object()) throw ConfigError(what + ": not a JSON object");
@@ -115,7 +117,81 @@ void AuthConfig::merge_over(const AuthConfig& base) {
     for (const auto& [host, creds] : base.entries_) entries_.emplace(host, creds);  // no overwrite
 }
 
+namespace {
+
+bool toml_key_start(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-' || c == '"' || c == '\'';
+}
+
+// toml++ 3.3 asserts on some malformed input (found by tests/fuzz/registries_conf): a
+// table header whose '[' or '[[' is followed by neither a key nor ']' ("[[[[", "[[\x01"),
+// where assert() aborts the daemon and, under NDEBUG, the assertion is an optimizer
+// assumption (undefined behaviour); and non-ASCII outside strings. Such text is refused here
+// first: control characters (no valid TOML has any but tab and line ends), non-ASCII
+// outside strings and comments, and bad header starts, found with a scan that skips
+// comments, strings and bracketed values as TOML does.
+void check_before_toml(std::string_view t, const std::string& what) {
+    size_t line = 1;
+    auto fail = [&](const std::string& why) {
+        throw ConfigError(what + ": line " + std::to_string(line) + ": " + why);
+    };
+    for (size_t i = 0; i < t.size(); ++i) {
+        const auto c = static_cast<unsigned char>(t[i]);
+        if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
+            fail("control character " + std::to_string(c) + " at byte " + std::to_string(i));
+    }
+    int depth = 0;  // '[' and '{' open inside a value
+    bool line_start = true;
+    for (size_t i = 0; i < t.size(); ++i) {
+        const char c = t[i];
+        if (c == '\n') {
+            ++line;
+            line_start = true;
+            continue;
+        }
+        if (c == ' ' || c == '\t' || c == '\r') continue;
+        const bool at_start = std::exchange(line_start, false);
+        // (TOML 1.0 has non-ASCII only in strings and comments; toml++ 3.3 reaches an
+        // "unreachable" on some, e.g. U+FEDF, where it looks for whitespace.)
+        if (static_cast<unsigned char>(c) >= 0x80) fail("non-ASCII outside a string or comment");
+        if (c == '#') {
+            while (i + 1 < t.size() && t[i + 1] != '\n') ++i;
+        } else if (c == '"' || c == '\'') {
+            const bool multi = t.substr(i, 3) == std::string(3, c);
+            size_t j = i + (multi ? 3 : 1);
+            for (; j < t.size(); ++j) {
+                if (c == '"' && t[j] == '\\') {
+                    ++j;
+                    if (j < t.size() && t[j] == '\n') ++line;
+                } else if (t[j] == '\n') {
+                    if (!multi) break;
+                    ++line;
+                } else if (t[j] == c && (!multi || t.substr(j, 3) == std::string(3, c))) {
+                    if (multi) j += 2;
+                    break;
+                }
+            }
+            i = j < t.size() && t[j] == '\n' ? j - 1 : j;
+        } else if (c == '[' && at_start && depth == 0) {
+            size_t j = i + 1;
+            if (j < t.size() && t[j] == '[') ++j;
+            while (j < t.size() && (t[j] == ' ' || t[j] == '\t')) ++j;
+            if (j < t.size() && !toml_key_start(t[j]) && t[j] != ']')
+                fail("a table header that does not start with a key");
+            while (i + 1 < t.size() && t[i + 1] != '\n') ++i;  // a header is one line
+        } else if (c == '[' || c == '{') {
+            ++depth;
+        } else if ((c == ']' || c == '}') && depth > 0) {
+            --depth;
+        }
+    }
+}
+
+}  // namespace
+
 RegistriesConfig RegistriesConfig::parse(std::string_view text, const std::string& what) {
+    check_before_toml(text, what);
     toml::table doc;
     try {
         doc = toml::parse(text, what);
