@@ -30,7 +30,7 @@ constexpr uint64_t kMaxDocument = 16u << 20;
 json parse_json(const std::string& text, const std::string& what) {
     try {
         return json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
         throw ManifestError(what + ": not JSON (" + e.what() + ")");
     }
 }

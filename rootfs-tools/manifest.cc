@@ -19,7 +19,7 @@ json parse_json(std::string_view text, const char* what) {
         json j = json::parse(text);
         if (!j.is_object()) bad(std::string(what) + ": not a JSON object");
         return j;
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
         bad(std::string(what) + ": not JSON (" + e.what() + ")");
     }
 }

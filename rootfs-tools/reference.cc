@@ -122,7 +122,7 @@ Reference parse_reference(std::string_view text) {
     std::string_view first = parts.front();
     const bool has_domain =
         parts.size() > 1 && (first.find_first_of(".:") != std::string_view::npos ||
-                             first == "localhost" || first.front() == '[');
+                             first == "localhost" || (!first.empty() && first.front() == '['));
     if (has_domain) {
         if (!valid_domain(first))
             bad(text, "the registry '" + std::string(first) + "' is not valid");
@@ -165,6 +165,11 @@ std::string Reference::familiar() const {
         s = repository.rfind("library/", 0) == 0 && repository.find('/', 8) == std::string::npos
                 ? repository.substr(8)
                 : repository;
+        // "docker.io/foo.bar/x" short would be read as registry foo.bar: it keeps its registry.
+        const std::string_view first = std::string_view(s).substr(0, s.find('/'));
+        if (s.find('/') != std::string::npos &&
+            (first.find_first_of(".:") != std::string_view::npos || first == "localhost"))
+            s = name();
     }
     if (tag) s += ":" + *tag;
     if (digest) s += "@" + digest->str();

@@ -73,7 +73,8 @@ struct Endpoint {
 //   insecure = true
 // The longest matching prefix wins. Other top-level keys of containers' registries.conf
 // (unqualified-search-registries, short-name-mode, ...) are ignored; unknown keys inside a
-// [[registry]] are refused, so a typo does not silently send a pull to the internet.
+// [[registry]] are refused, so a typo does not silently send a pull to the internet. The
+// file is ASCII (toml++ 3.3 is unsafe on some non-ASCII input: see registry_config.cc).
 class RegistriesConfig {
   public:
     static RegistriesConfig parse(std::string_view toml, const std::string& what);

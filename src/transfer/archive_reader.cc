@@ -944,7 +944,8 @@ void Extractor::extract_symlink(Entry& e) {
         created_.push_back({false, e.rel});
     } else {
         if (errno != EEXIST) throw_sys("symlink", e.where);
-        replace_via_temp(dirfd, base, e, [&](const char* tmp) {
+        // (dirfd copied in: clang 14, which the fuzz build uses, cannot capture a binding.)
+        replace_via_temp(dirfd, base, e, [&, dirfd = dirfd](const char* tmp) {
             return ::symlinkat(e.linkname.c_str(), dirfd, tmp);
         });
     }
@@ -980,7 +981,8 @@ void Extractor::extract_hardlink(Entry& e) {
         created_.push_back({false, e.rel});
     } else {
         if (errno != EEXIST) throw_sys("link", e.where);
-        replace_via_temp(dirfd, base, e, [&](const char* tmp) {
+        // (dirfd copied in: clang 14 cannot capture a structured binding.)
+        replace_via_temp(dirfd, base, e, [&, dirfd = dirfd](const char* tmp) {
             return ::linkat(tdir.get(), tbase.c_str(), dirfd, tmp, 0);
         });
     }

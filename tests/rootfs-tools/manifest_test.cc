@@ -87,6 +87,8 @@ TEST(Manifest, RefusesWhatIsNotAnImage) {
              std::string("not json"),
              std::string(R"({"schemaVersion":1})"),
              std::string(R"({"schemaVersion":2,"mediaType":"text/plain"})"),
+             // (found by tests/fuzz/manifest: json's out_of_range, not a parse_error)
+             std::string(R"({"schemaVersion":2,"size":1e999})"),
              index_of(R"({"mediaType":"x","size":1,"digest":"sha256:abc"})"),
              index_of(R"({"mediaType":"x","size":-1,"digest":")" + digest('a') + "\"}"),
              index_of(R"({"mediaType":"x","digest":")" + digest('a') + "\"}"),

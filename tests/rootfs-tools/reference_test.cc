@@ -27,12 +27,17 @@ TEST(Reference, NormalizesLikeDocker) {
         {"a.b-c_d__e---f", "docker.io/library/a.b-c_d__e---f:latest", "a.b-c_d__e---f:latest"},
         {"Registry.Example.COM/x", "Registry.Example.COM/x:latest",
          "Registry.Example.COM/x:latest"},
+        // (found by tests/fuzz/reference) Short, these would name a registry foo.bar or
+        // localhost: they keep docker.io.
+        {"docker.io/foo.bar/x", "docker.io/foo.bar/x:latest", "docker.io/foo.bar/x:latest"},
+        {"docker.io/localhost/x:1", "docker.io/localhost/x:1", "docker.io/localhost/x:1"},
     };
     for (const auto& c : cases) {
         Reference r = parse_reference(c.text);
         EXPECT_EQ(r.str(), c.full) << c.text;
         EXPECT_EQ(r.familiar(), c.familiar) << c.text;
         EXPECT_EQ(parse_reference(r.str()), r) << "round trip of " << c.text;
+        EXPECT_EQ(parse_reference(r.familiar()), r) << "familiar round trip of " << c.text;
     }
 }
 

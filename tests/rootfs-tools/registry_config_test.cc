@@ -96,6 +96,8 @@ TEST(AuthConfig, MalformedInputNamesTheField) {
               std::string::npos);
     EXPECT_NE(error_of([] { AuthConfig::parse("{not json"); }).find("not JSON"), std::string::npos);
     EXPECT_THROW(AuthConfig::parse(R"({"auths": {"r": "x"}})"), ConfigError);
+    // (found by tests/fuzz/manifest: a number json cannot hold is out_of_range, not parse_error)
+    EXPECT_THROW(AuthConfig::parse(R"({"auths": {"r": {"n": 1e999}}})"), ConfigError);
 }
 
 TEST(AuthConfig, LoadMergeAndMissingFile) {
@@ -251,6 +253,29 @@ TEST(RegistriesConfig, BadInputIsNamed) {
                   .find("registry[0].mirror[0]: no location"),
               std::string::npos);
     EXPECT_THROW(RegistriesConfig::parse("[[registry]]\nprefix = \"a*b\"\n", "x"), ConfigError);
+    // (found by tests/fuzz/registries_conf: toml++ 3.3 aborts, or reaches "unreachable", on
+    // these: refused as ConfigError before or while it parses)
+    EXPECT_NE(err(std::string("[[\0[registry]]\n", 15))
+                  .find("r.conf: line 1: control character 0 at byte 2"),
+              std::string::npos);
+    EXPECT_NE(err("[[\x1b[registry]]\n").find("control character 27"), std::string::npos);
+    EXPECT_NE(err("\xef\xbb\x9f").find("non-ASCII"), std::string::npos);
+    EXPECT_NE(err("[[l\xef\xbb\x9f").find("non-ASCII"), std::string::npos);
+    EXPECT_NE(err("# caf\xc3\xa9\n").find("line 1: non-ASCII character at byte 5"),
+              std::string::npos);
+    EXPECT_NE(err("s = \"\"\"e\\\n#\\\xef\xbb\x9f\"\"\"\n").find("line 2: non-ASCII"),
+              std::string::npos);
+    EXPECT_NE(err("x = \"caf\xc3\xa9\"\n").find("line 1: non-ASCII"), std::string::npos);
+    EXPECT_NE(err("x = 0'\xef\xbb\x9f'\n").find("non-ASCII"), std::string::npos);
+    EXPECT_NE(err("[[[[").find("r.conf: not TOML (the parser's check"), std::string::npos);
+    EXPECT_NE(err("registry = [ [} ]\n").find("r.conf: not TOML"), std::string::npos);
+    // (valid TOML with brackets in odd places still parses)
+    EXPECT_NO_THROW(
+        RegistriesConfig::parse("x = [\n  [1, 2],\n  [{a = 1}],\n]\n"
+                                "s = \"\"\"\n[[[\n\"\"\"\n# [[[\n"
+                                "[[registry]] # [[[\nprefix = \"a\"\n",
+                                "ok.conf"));
+    EXPECT_THROW(RegistriesConfig::parse("[[registry]]\nprefix = \"a\"\n[[[", "x"), ConfigError);
 }
 
 TEST(WwwAuthenticate, ParsesBearerAndBasic) {
