@@ -83,8 +83,9 @@ UnpackedSize ImageStore::ensure_layer(const Layer& layer, const Digest& diff_id,
     o.max_entries = limits_.max_entries - std::min(used.entries, limits_.max_entries);
     o.limit_hint = "an image unpacks to at most " + std::to_string(limits_.max_bytes) +
                    " bytes of files and " + std::to_string(limits_.max_entries) +
-                   " entries, its layers together: berthd --max-image-size, "
-                   "--max-image-entries";
+                   " entries, its layers together, and the layers below this one take " +
+                   std::to_string(used.bytes) + " and " + std::to_string(used.entries) +
+                   ": berthd --max-image-size, --max-image-entries";
     try {
         const UnpackResult r = unpack_layer(blob.get(), layer.compression, dest, o);
         return {r.bytes, r.entries};

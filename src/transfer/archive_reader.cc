@@ -412,7 +412,7 @@ void Extractor::entry(const tar::Header& h) {
     if (options_.layer.enabled && ++seen_entries_ > options_.layer.max_entries) {
         throw LimitExceeded(options_.layer.limit_name + ": more than " +
                                 std::to_string(options_.layer.max_entries) +
-                                " entries (refused at " + e.where + ")",
+                                " entries (refused at " + e.rel + ")",
                             true, options_.layer.max_entries);
     }
 
@@ -923,7 +923,7 @@ void Extractor::charge_bytes(uint64_t n, const Entry& e) {
     if (n > options_.layer.max_bytes - std::min(charged_bytes_, options_.layer.max_bytes)) {
         throw LimitExceeded(
             options_.layer.limit_name + ": more than " + std::to_string(options_.layer.max_bytes) +
-                " bytes of files (refused at " + e.where + ", " + std::to_string(n) + " bytes)",
+                " bytes of files (refused at " + e.rel + ", " + std::to_string(n) + " bytes)",
             false, options_.layer.max_bytes);
     }
     charged_bytes_ += n;

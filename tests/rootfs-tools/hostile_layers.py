@@ -5,9 +5,9 @@ write it) for the layer tests (layer_test.cc) and the integration tests
 
 Usage:
   hostile_layers.py OUT devices MAJOR MINOR
-      ./dev/blk: block device MAJOR:MINOR (a loop device the test made), ./dev/mem: char 1:1,
-      ./dev/null: char 1:3, ./dev/zero-wh: char 0:0 (a whiteout in overlay's own form),
-      ./etc/.wh.gone (a whiteout in the OCI form), ./dev/fifo: a fifo.
+      ./nodes/blk: block device MAJOR:MINOR (a loop device the test made), ./nodes/mem: char 1:1,
+      ./nodes/null: char 1:3, ./nodes/zero-wh: char 0:0 (a whiteout in overlay's own form),
+      ./etc/.wh.gone (a whiteout in the OCI form), ./nodes/fifo: a fifo (not under /dev: a sandbox has its own).
   hostile_layers.py OUT caps BINARY
       ./bin/capped: BINARY with security.capability v2 cap_setuid+ep (and cap_setgid),
       ./bin/capped3: BINARY with a v3 capability whose rootid is 0 (the host's root),
@@ -71,15 +71,15 @@ def caps_v3(caps, rootid):
 
 def devices(tar, major, minor):
     add_dir(tar, "./")
-    add_dir(tar, "./dev")
+    add_dir(tar, "./nodes")
     add_dir(tar, "./etc")
-    tar.addfile(info("./dev/blk", type=tarfile.BLKTYPE, devmajor=major, devminor=minor,
+    tar.addfile(info("./nodes/blk", type=tarfile.BLKTYPE, devmajor=major, devminor=minor,
                      mode=0o666))
-    tar.addfile(info("./dev/mem", type=tarfile.CHRTYPE, devmajor=1, devminor=1, mode=0o666))
-    tar.addfile(info("./dev/null", type=tarfile.CHRTYPE, devmajor=1, devminor=3, mode=0o666))
-    tar.addfile(info("./dev/zero-wh", type=tarfile.CHRTYPE, devmajor=0, devminor=0,
+    tar.addfile(info("./nodes/mem", type=tarfile.CHRTYPE, devmajor=1, devminor=1, mode=0o666))
+    tar.addfile(info("./nodes/null", type=tarfile.CHRTYPE, devmajor=1, devminor=3, mode=0o666))
+    tar.addfile(info("./nodes/zero-wh", type=tarfile.CHRTYPE, devmajor=0, devminor=0,
                      mode=0o600))
-    tar.addfile(info("./dev/fifo", type=tarfile.FIFOTYPE))
+    tar.addfile(info("./nodes/fifo", type=tarfile.FIFOTYPE))
     add_file(tar, "./etc/.wh.gone", b"")
 
 

@@ -173,18 +173,18 @@ TEST_F(LayerSecurityTest, NoDeviceComesOutOfALayerButWhiteouts) {
                                                        " " + std::to_string(minor(dev.st_rdev)));
     const UnpackResult r = unpack(tar, "l");
     const std::string l = dir_ + "/l";
-    for (const char* gone : {"/dev/blk", "/dev/mem", "/dev/null"})
+    for (const char* gone : {"/nodes/blk", "/nodes/mem", "/nodes/null"})
         EXPECT_FALSE(fs::exists(fs::symlink_status(l + gone))) << gone;
-    EXPECT_TRUE(has_warning(r, "dev/blk: block device " + std::to_string(major(dev.st_rdev))))
+    EXPECT_TRUE(has_warning(r, "nodes/blk: block device " + std::to_string(major(dev.st_rdev))))
         << ::testing::PrintToString(r.warnings);
-    EXPECT_TRUE(has_warning(r, "dev/mem: character device 1:1"));
-    EXPECT_TRUE(has_warning(r, "dev/null: character device 1:3"));
+    EXPECT_TRUE(has_warning(r, "nodes/mem: character device 1:1"));
+    EXPECT_TRUE(has_warning(r, "nodes/null: character device 1:3"));
     struct stat st {};
-    ASSERT_EQ(::lstat((l + "/dev/zero-wh").c_str(), &st), 0);
+    ASSERT_EQ(::lstat((l + "/nodes/zero-wh").c_str(), &st), 0);
     EXPECT_TRUE(S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0));
     ASSERT_EQ(::lstat((l + "/etc/gone").c_str(), &st), 0);
     EXPECT_TRUE(S_ISCHR(st.st_mode) && st.st_rdev == makedev(0, 0));
-    ASSERT_EQ(::lstat((l + "/dev/fifo").c_str(), &st), 0);
+    ASSERT_EQ(::lstat((l + "/nodes/fifo").c_str(), &st), 0);
     EXPECT_TRUE(S_ISFIFO(st.st_mode));
     // No device node anywhere in the layer but 0/0 ones.
     for (const auto& e : fs::recursive_directory_iterator(l)) {
@@ -200,10 +200,10 @@ TEST_F(LayerSecurityTest, NoDeviceComesOutOfALayerButWhiteouts) {
     const std::string opts = "lowerdir=" + l + ",upperdir=" + upper + ",workdir=" + work;
     ASSERT_EQ(::mount("overlay", merged.c_str(), "overlay", 0, opts.c_str()), 0)
         << std::strerror(errno);
-    { std::ofstream(merged + "/dev/blk") << "written from the sandbox"; }
+    { std::ofstream(merged + "/nodes/blk") << "written from the sandbox"; }
     ::umount2(merged.c_str(), MNT_DETACH);
     EXPECT_EQ(read(loop.backing), std::string(1 << 20, 'L')) << "the loop file was written";
-    EXPECT_EQ(read(upper + "/dev/blk"), "written from the sandbox");
+    EXPECT_EQ(read(upper + "/nodes/blk"), "written from the sandbox");
 }
 
 // security.capability v2 (cap_setuid+ep) and a v3 naming the host's root: stored as v3
