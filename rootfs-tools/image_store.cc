@@ -56,7 +56,14 @@ json image_to_json(const Image& im) {
 
 ImageStore::ImageStore(std::string root, uint32_t uid_shift, uint32_t gid_shift)
     : root_(std::move(root)), uid_shift_(uid_shift), gid_shift_(gid_shift), blobs_(root_) {
-    make_dirs(root_ + "/layers", 0755);
+    // The store is root's alone, and so made again at every open (a store an older berth
+    // made was 0755): its layers hold the images' setuid files (owned by the sandboxes'
+    // root uid) and whatever else a stranger's image brings, which no host user may run
+    // or read. Nothing but root walks it: the helper mounts the layers as root, and the
+    // overlay looks up lower layers with the mounter's credentials, not the sandbox's.
+    make_dirs(root_ + "/layers", 0700);
+    for (const std::string& dir : {root_, root_ + "/layers"})
+        check_sys("chmod", dir, [&] { return ::chmod(dir.c_str(), 0700); });
     sweep_layers(nullptr);
     check_format();
 }
@@ -104,10 +111,12 @@ std::string ImageStore::layer_dir(const Digest& diff_id) const {
     return root_ + "/layers/" + std::string(diff_id.hex());
 }
 
-void ImageStore::ensure_layer(const Layer& layer, const Digest& diff_id) {
+UnpackedSize ImageStore::ensure_layer(const Layer& layer, const Digest& diff_id,
+                                      const UnpackedSize& used) {
     const std::string dest = layer_dir(diff_id);
     struct stat st;
-    if (::stat(dest.c_str(), &st) == 0) return;  // unpacked (and verified) before
+    if (::stat(dest.c_str(), &st) == 0)  // unpacked (and verified) before
+        return unpacked_size(dest).value_or(UnpackedSize{});
     UniqueFd blob = blobs_.open(layer.blob.digest);
     UnpackOptions o;
     o.uid_shift = uid_shift_;
@@ -115,15 +124,22 @@ void ImageStore::ensure_layer(const Layer& layer, const Digest& diff_id) {
     o.diff_id = diff_id;
     // Format 2: what an unpacker in a user namespace can write (kStoreFormat).
     o.rootless = true;
+    o.max_bytes = limits_.max_bytes - std::min(used.bytes, limits_.max_bytes);
+    o.max_entries = limits_.max_entries - std::min(used.entries, limits_.max_entries);
+    o.limit_hint = "an image unpacks to at most " + std::to_string(limits_.max_bytes) +
+                   " bytes of files and " + std::to_string(limits_.max_entries) +
+                   " entries, its layers together, and the layers below this one take " +
+                   std::to_string(used.bytes) + " and " + std::to_string(used.entries) +
+                   ": berthd --max-image-size, --max-image-entries";
     try {
-        if (unpacker_)
-            unpacker_(blob.get(), layer.compression, dest, o);
-        else
-            unpack_layer(blob.get(), layer.compression, dest, o);
+        const UnpackResult r = unpacker_ ? unpacker_(blob.get(), layer.compression, dest, o)
+                                         : unpack_layer(blob.get(), layer.compression, dest, o);
+        return {r.bytes, r.entries};
     } catch (const SysError& e) {
         // Another import unpacked the same layer meanwhile: the same bytes, by its name.
         // (unpack_layer renames without replacing, and has removed its own copy.)
         if (e.code() != EEXIST && e.code() != ENOTEMPTY) throw;
+        return unpacked_size(dest).value_or(UnpackedSize{});
     }
 }
 
@@ -141,8 +157,21 @@ Image ImageStore::add_image(const Reference& name, const Digest& manifest_digest
     image.manifest = manifest_digest;
     image.config = manifest.config.digest;
     image.created = config.created;
+    UnpackedSize used;
     for (size_t i = 0; i < manifest.layers.size(); ++i) {
-        ensure_layer(manifest.layers[i], config.diff_ids[i]);
+        const UnpackedSize got = ensure_layer(manifest.layers[i], config.diff_ids[i], used);
+        used.bytes += got.bytes;
+        used.entries += got.entries;
+        // Layers unpacked before (by another image, or by a parallel pull, which bounds
+        // each layer alone) count here: the image is refused, its name never written.
+        if (used.bytes > limits_.max_bytes || used.entries > limits_.max_entries) {
+            throw LayerTooLarge(image.name + ": its layers unpack to more than the limit (" +
+                                std::to_string(used.bytes) + " bytes of files, " +
+                                std::to_string(used.entries) + " entries; at most " +
+                                std::to_string(limits_.max_bytes) + " and " +
+                                std::to_string(limits_.max_entries) +
+                                ": berthd --max-image-size, --max-image-entries)");
+        }
         image.layers.push_back(config.diff_ids[i]);
         image.size += manifest.layers[i].blob.size;
     }

@@ -66,6 +66,14 @@ using Unpacker = std::function<UnpackResult(int blob_fd, Compression compression
 // no device nodes. A store of format 1 (trusted.overlay.opaque, written as root) is
 // converted when it is opened.
 constexpr int kStoreFormat = 2;
+// Bounds on what an image unpacks to, checked while each layer is extracted (a layer that
+// would take the image past one is refused before it fills the disk): bytes of file data
+// (sparse files at their apparent size) and entries, of all its layers together. Layers
+// it shares with images already stored count too.
+struct ImageLimits {
+    uint64_t max_bytes = uint64_t{32} << 30;  // 32 GiB
+    uint64_t max_entries = 4u << 20;          // 4 Mi entries
+};
 
 class ImageStore {
   public:
@@ -138,11 +146,18 @@ class ImageStore {
 
     // Replaces how layers are unpacked (before any import or pull starts).
     void set_unpacker(Unpacker unpacker) { unpacker_ = std::move(unpacker); }
+    // The bounds from here on (the defaults until called).
+    void set_limits(const ImageLimits& limits) { limits_ = limits; }
+    const ImageLimits& limits() const { return limits_; }
 
     // Unpacks the layer's blob unless layers/<diff_id> exists. Safe when several threads or
     // processes unpack the same layer: each into a temporary directory, the first rename
     // wins and the others discard theirs.
-    void ensure_layer(const Layer& layer, const Digest& diff_id);
+    // `used`: what the image's layers below it unpack to; this one may take the rest of
+    // the limits (else LayerTooLarge, nothing of it left). Returns what the layer unpacks
+    // to (zeros for one an older berth unpacked, which recorded no size).
+    UnpackedSize ensure_layer(const Layer& layer, const Digest& diff_id,
+                              const UnpackedSize& used = {});
     // Unpacks what is missing and records the image under `name`: name:tag, or name@digest
     // for a reference with a digest and no tag (a pull by digest). The blobs must be in the
     // store already. `manifest_digest` may be an index's (what a registry resolved the name
@@ -172,6 +187,7 @@ class ImageStore {
     std::string root_;
     uint32_t uid_shift_, gid_shift_;
     Unpacker unpacker_;
+    ImageLimits limits_;
     BlobStore blobs_;
     mutable std::mutex mu_;         // images.json read-modify-write
     std::shared_mutex content_mu_;  // see hold_content()

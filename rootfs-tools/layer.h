@@ -5,7 +5,9 @@
 // to its final name. A failure leaves no directory under that name.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,12 @@ struct UnpackOptions {
     uint32_t gid_shift = 0;         // and root gid (its own range: /etc/subgid)
     bool rootless = false;          // opaque dirs marked with user.overlay.opaque, no devices
     std::optional<Digest> diff_id;  // the uncompressed tar must hash to this
+    // Bounds checked while extracting (a refusal comes before the disk fills): bytes of
+    // file data (sparse files at their apparent size) and entries. Exceeding one throws
+    // LayerTooLarge; `limit_hint` ends its message (which setting raises the bound).
+    uint64_t max_bytes = UINT64_MAX;
+    uint64_t max_entries = UINT64_MAX;
+    std::string limit_hint;
 };
 
 struct UnpackResult {
@@ -27,10 +35,25 @@ struct UnpackResult {
     std::vector<std::string> warnings;
 };
 
+// A layer past UnpackOptions' bounds; what() names the layer, the limit and the entry.
+class LayerTooLarge : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
 // Unpacks the layer read from `blob_fd` into `dest` (which must not exist; its parent
-// must). Throws DecompressError, ManifestError (diff_id mismatch) or SysError naming the
-// entry.
+// must). Throws DecompressError, ManifestError (diff_id mismatch), LayerTooLarge or
+// SysError naming the entry. Devices other than whiteouts are never made; file
+// capabilities are namespaced to the sandboxes' root (see transfer/file_caps.h). The
+// unpacked size is recorded on `dest` (unpacked_size reads it back).
 UnpackResult unpack_layer(int blob_fd, Compression compression, const std::string& dest,
                           const UnpackOptions& options);
+
+// What unpack_layer recorded of the layer at `dir`: bytes of file data and entries as it
+// counted them. nullopt for a layer unpacked before berth recorded it.
+struct UnpackedSize {
+    uint64_t bytes = 0, entries = 0;
+};
+std::optional<UnpackedSize> unpacked_size(const std::string& dir);
 
 }  // namespace berth::images

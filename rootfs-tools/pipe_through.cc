@@ -1,6 +1,8 @@
 #include "rootfs-tools/pipe_through.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <exception>
@@ -20,6 +22,13 @@ void pipe_through(const std::function<void(int fd)>& produce,
     transfer::enlarge_pipe(read_end.get());
     std::exception_ptr produce_error, consume_error;
     std::thread producer([&, out = std::move(write_end)]() mutable {
+        // A consumer that stops early (a layer refused half way) closes the pipe: the write
+        // then fails with EPIPE, and the SIGPIPE it raises stays pending on this thread
+        // (which ends with it) instead of killing a process that did not ignore it.
+        sigset_t pipe_signal;
+        sigemptyset(&pipe_signal);
+        sigaddset(&pipe_signal, SIGPIPE);
+        pthread_sigmask(SIG_BLOCK, &pipe_signal, nullptr);
         try {
             produce(out.get());
         } catch (...) {

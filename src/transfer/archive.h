@@ -21,6 +21,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,16 +69,23 @@ struct ExtractOptions {
     // An image layer (rootfs-tools), recreated in overlayfs's on-disk form: an entry
     // ".wh.NAME" becomes a 0/0 character device NAME (a whiteout), ".wh..wh..opq" sets
     // `opaque_xattr` to "y" on its directory; pax SCHILY.xattr.* records are applied
-    // (user.* and security.*; others, and any overlay xattr, skipped with a warning);
-    // device nodes and fifos are made when `devices` (else skipped with a warning); and
-    // owners (with Owners::from_archive) are shifted by `uid_shift` and `gid_shift`
-    // (the sandboxes' uid and gid ranges on the host need not start at the same id).
+    // (user.* but overlay's; security.capability rewritten in the namespaced form with
+    // rootid `cap_rootid`, dropped without one; all others skipped with a warning);
+    // fifos and 0/0 character devices are made when `devices`, no other device ever
+    // (skipped with a warning); owners (with Owners::from_archive) are shifted by
+    // `uid_shift` and `gid_shift` (the sandboxes' uid and gid ranges on the host need not
+    // start at the same id); and the layer is refused (SysError EFBIG naming the limit)
+    // as soon as its file data would pass `max_bytes` or its entries `max_entries`.
     struct Layer {
         bool enabled = false;
         uint32_t uid_shift = 0;
         uint32_t gid_shift = 0;
         std::string opaque_xattr = "trusted.overlay.opaque";
         bool devices = true;
+        std::optional<uint32_t> cap_rootid;
+        uint64_t max_bytes = UINT64_MAX;
+        uint64_t max_entries = UINT64_MAX;
+        std::string limit_name = "the layer";  // how LimitExceeded names what was bounded
     } layer;
     Ownership owner;  // for Owners::fixed; nullopt fields = leave as the process creates
     // Created parent directories of `dest` (mkdir -p) get this mode and `owner`.
@@ -89,6 +98,16 @@ struct ExtractOptions {
     // made by the caller on the destination's filesystem, which becomes the entry's file
     // (a download). A side entry with neither is an error.
     int prefilled = -1;
+};
+
+// An image layer over ExtractOptions::Layer's max_bytes or max_entries (nothing of it is
+// left: the extraction rolled back).
+class LimitExceeded : public std::runtime_error {
+  public:
+    LimitExceeded(const std::string& message, bool entries, uint64_t limit)
+        : std::runtime_error(message), entries(entries), limit(limit) {}
+    bool entries;    // the entry count (else the bytes of file data)
+    uint64_t limit;  // the one passed
 };
 
 // Reads a tar stream from `in` (a pipe, socket or file) and recreates its entries under

@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "transfer/archive.h"
+#include "transfer/file_caps.h"
 #include "transfer/internal.h"
 #include "transfer/stream.h"
 #include "transfer/tar_format.h"
@@ -153,6 +154,8 @@ class Extractor {
     void extract_symlink(Entry& e);
     void extract_hardlink(Entry& e);
     void read_sparse_map(Entry& e, uint64_t* map_bytes);
+    // Counts an entry's file data against the layer's bound before any of it is written.
+    void charge_bytes(uint64_t n, const Entry& e);
 
     const Root& root_;
     const ExtractOptions& options_;
@@ -175,6 +178,7 @@ class Extractor {
     bool setgid_ = false;
     std::mt19937_64 rng_;
     Summary summary_;
+    uint64_t seen_entries_ = 0, charged_bytes_ = 0;  // against the layer's bounds
 };
 
 Summary Extractor::run() {
@@ -404,6 +408,13 @@ void Extractor::entry(const tar::Header& h) {
     e.devminor = h.devminor;
     e.xattrs = std::move(meta_.xattrs);
     normalize(e);
+    // Every entry counts (skipped ones too: what bounds the count bounds the work).
+    if (options_.layer.enabled && ++seen_entries_ > options_.layer.max_entries) {
+        throw LimitExceeded(options_.layer.limit_name + ": more than " +
+                                std::to_string(options_.layer.max_entries) +
+                                " entries (refused at " + e.rel + ")",
+                            true, options_.layer.max_entries);
+    }
 
     bool regular = e.type == '0' || e.type == '\0' || e.type == '7';
     // A side entry ('B', a vendor type: readers that do not know it refuse it rather than
@@ -461,8 +472,19 @@ void Extractor::entry(const tar::Header& h) {
         case '3':
         case '4':
         case '6':
-            if (options_.layer.enabled && options_.layer.devices) return extract_node(e);
-            summary_.warnings.push_back(e.where + ": " + (e.type == '6' ? "fifo" : "device") +
+            // Of a layer's device nodes only whiteouts (0/0 character devices) are made:
+            // any other node would be a door from the sandbox (or from whoever reaches the
+            // store) to a host device, whatever nodev and device cgroups say elsewhere. A
+            // fifo opens no device and is made.
+            if (options_.layer.enabled && options_.layer.devices &&
+                (e.type == '6' || (e.type == '3' && e.devmajor == 0 && e.devminor == 0)))
+                return extract_node(e);
+            summary_.warnings.push_back(e.where + ": " +
+                                        (e.type == '6'
+                                             ? std::string("fifo")
+                                             : std::string(e.type == '3' ? "character" : "block") +
+                                                   " device " + std::to_string(e.devmajor) + ":" +
+                                                   std::to_string(e.devminor)) +
                                         " skipped");
             return consume(e.size, e.where);
         default:
@@ -620,16 +642,44 @@ void Extractor::extract_node(Entry& e) {
 }
 
 // The entry's xattrs on `fd` (after its chown, which clears security.capability).
+// What a layer may set is what means nothing outside the sandbox:
+// - user.*, except overlayfs's own (user.overlay.*: a rootless overlay would obey them);
+// - security.capability, namespaced (file_caps.h): rootid = the sandboxes' root, so the
+//   kernel honours it only in a sandbox's user namespace; without a rootid to give it
+//   (a store with no uid shift: the sandboxes' root would be the host's) it is dropped;
+// - nothing else: trusted.* is overlayfs's (trusted.overlay.*) and root's own,
+//   security.selinux would be a host label of the image's choosing, security.ima and
+//   security.evm hashes and signatures the host's appraisal would weigh, system.* ACLs
+//   grants to host users. Each one skipped is a warning.
 void Extractor::apply_xattrs(int fd, const Entry& e) {
     if (!options_.layer.enabled) return;
     for (const auto& [name, value] : e.xattrs) {
-        const bool allowed = (name.rfind("user.", 0) == 0 || name.rfind("security.", 0) == 0) &&
-                             name.find(".overlay.") == std::string::npos;
+        std::string_view set = value;
+        std::string namespaced;
+        bool allowed = name.rfind("user.", 0) == 0 && name.rfind("user.overlay.", 0) != 0 &&
+                       name.find(".overlay.") == std::string::npos;
+        if (name == "security.capability") {
+            std::optional<std::string> v;
+            if (options_.layer.cap_rootid)
+                v = namespaced_file_caps(value, *options_.layer.cap_rootid);
+            if (v) {
+                namespaced = std::move(*v);
+                set = namespaced;
+                allowed = true;
+            } else {
+                summary_.warnings.push_back(e.where + ": xattr security.capability skipped (" +
+                                            (options_.layer.cap_rootid
+                                                 ? "not a capability of revision 1, 2 or 3"
+                                                 : "no sandbox root to namespace it to") +
+                                            ")");
+                continue;
+            }
+        }
         if (!allowed) {
             summary_.warnings.push_back(e.where + ": xattr " + name + " skipped");
             continue;
         }
-        if (::fsetxattr(fd, name.c_str(), value.data(), value.size(), 0) != 0)
+        if (::fsetxattr(fd, name.c_str(), set.data(), set.size(), 0) != 0)
             throw_sys("setxattr " + name, e.where);
     }
 }
@@ -863,8 +913,28 @@ void Extractor::side_data(const Entry& e, Temp& t, int dirfd) {
     summary_.bytes += e.side_size;
 }
 
+// A sparse file counts with its apparent size (realsize), not the blocks it takes here: a
+// 1 TiB file of holes is cheap in this store but not wherever it goes next (a copy-up of
+// it in a sandbox writes no zeros either, but `berth cp` out, an export to a tool that
+// does not keep holes, a backup do), and it is the size the layer announces before a
+// byte is written, the same on every filesystem.
+void Extractor::charge_bytes(uint64_t n, const Entry& e) {
+    if (!options_.layer.enabled) return;
+    if (n > options_.layer.max_bytes - std::min(charged_bytes_, options_.layer.max_bytes)) {
+        throw LimitExceeded(
+            options_.layer.limit_name + ": more than " + std::to_string(options_.layer.max_bytes) +
+                " bytes of files (refused at " + e.rel + ", " + std::to_string(n) + " bytes)",
+            false, options_.layer.max_bytes);
+    }
+    charged_bytes_ += n;
+}
+
 void Extractor::extract_file(Entry& e) {
     if (e.rel.empty()) bad("entry name (a file as the destination)", e.name, EINVAL);
+    charge_bytes(e.side_file                       ? e.side_size
+                 : e.sparse != Entry::Sparse::none ? e.realsize
+                                                   : e.size,
+                 e);
     auto [dirfd, base] = parent_of(e);
     Temp t;
     uint64_t data = e.size;

@@ -78,9 +78,8 @@ TEST_F(LayerTest, UnpacksIntoOverlayFormAndMountsToTheImage) {
                                return w.find("trusted.overlay.redirect") != std::string::npos;
                            }),
               r1.warnings.end());
-    struct stat null = lstat_of(l1 + "/dev/null");
-    EXPECT_TRUE(S_ISCHR(null.st_mode));
-    EXPECT_EQ(null.st_rdev, makedev(1, 3));
+    // No device node but whiteouts comes out of a layer (HostileLayers has the rest).
+    EXPECT_FALSE(fs::exists(fs::symlink_status(l1 + "/dev/null")));
     EXPECT_TRUE(S_ISFIFO(lstat_of(l1 + "/dev/fifo").st_mode));
     EXPECT_EQ(read(l1 + "/data/" + std::string(150, 'n')), "long name\n");
 

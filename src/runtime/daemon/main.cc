@@ -61,7 +61,8 @@ pid_t start_helper(const std::string& path, int channel, const std::vector<std::
 // die: a death signal could not reach it once we are unprivileged).
 UniqueFd start_images(const std::string& path, const std::string& state_dir,
                       const std::string& user, const std::string& registries_conf,
-                      const std::string& auth_file) {
+                      const std::string& auth_file, const std::string& max_image_size,
+                      const std::string& max_image_entries) {
     int pair[2];
     check_sys("socketpair", "images channel",
               [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair); });
@@ -69,7 +70,8 @@ UniqueFd start_images(const std::string& path, const std::string& state_dir,
     start_helper(path, theirs.get(),
                  {"--channel-fd", std::to_string(theirs.get()), "--parent-pid",
                   std::to_string(::getpid()), "--state-dir", state_dir, "--service-user", user,
-                  "--registries-conf", registries_conf, "--auth-file", auth_file});
+                  "--registries-conf", registries_conf, "--auth-file", auth_file,
+                  "--max-image-size", max_image_size, "--max-image-entries", max_image_entries});
     return ours;
 }
 
@@ -114,6 +116,8 @@ int main(int argc, char** argv) {
     double lease_seconds = 60;
     uint32_t max_frame = wire::kDefaultMaxFrame;
     std::string default_storage = "none";
+    // What one image may unpack to (its layers together), checked while unpacking.
+    uint64_t max_image_size = uint64_t{32} << 30, max_image_entries = 4u << 20;
     app.add_option("--runtime-dir", runtime_dir,
                    "sockets and sandbox state (env BERTH_RUNTIME_DIR)");
     app.add_option("--state-dir", state_dir, "writable layers (env BERTH_STATE_DIR)");
@@ -134,6 +138,12 @@ int main(int argc, char** argv) {
     app.add_option("--default-storage", default_storage,
                    "the storage limit of a sandbox whose create gives none, e.g. 10g "
                    "(none or 0: no limit)");
+    app.add_option("--max-image-size", max_image_size,
+                   "bytes of files an image may unpack to, its layers together (sparse files "
+                   "at their apparent size; suffixes K M G T, of 1024; default 32G)")
+        ->transform(CLI::AsSizeValue(false));
+    app.add_option("--max-image-entries", max_image_entries,
+                   "files, directories and links an image may unpack to (default 4194304)");
     CLI11_PARSE(app, argc, argv);
     uint64_t default_storage_bytes = 0;
     if (default_storage != "none") {
@@ -170,7 +180,13 @@ int main(int argc, char** argv) {
         make_dirs(runtime_dir, 0711);
         check_sys("chown", runtime_dir, [&] { return ::chown(runtime_dir.c_str(), uid, gid); });
         check_sys("chmod", runtime_dir, [&] { return ::chmod(runtime_dir.c_str(), 0711); });
+        // Root's alone, enforced at every start (an older berth, or an admin, may have left
+        // it looser): under it are the image layers (setuid files owned by the sandboxes'
+        // root uid) and the sandboxes' writable layers. Only root walks it: the helper and
+        // berth-images, and the overlays the helper mounts (whose lower and upper lookups
+        // use the mounter's credentials).
         make_dirs(state_dir, 0700);
+        check_sys("chmod", state_dir, [&] { return ::chmod(state_dir.c_str(), 0700); });
 
         int pair[2];
         check_sys("socketpair", "helper channel",
@@ -183,7 +199,8 @@ int main(int argc, char** argv) {
              "--daemon-gid", std::to_string(gid), "--cgroup-parent", cgroup_parent});
         theirs.reset();
         UniqueFd images_channel =
-            start_images(images_path, state_dir, user, registries_conf, auth_file);
+            start_images(images_path, state_dir, user, registries_conf, auth_file,
+                         std::to_string(max_image_size), std::to_string(max_image_entries));
 
         drop_privileges(uid, gid);
 

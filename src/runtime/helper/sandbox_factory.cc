@@ -206,8 +206,13 @@ SandboxFactory::SandboxFactory(Config config)
     const std::string sandboxes = config_.runtime_dir + "/sandboxes";
     make_dirs(sandboxes, 0755);
     check_sys("chmod", sandboxes, [&] { return ::chmod(sandboxes.c_str(), 0755); });
-    make_dirs(config_.state_dir + "/sandboxes", 0700);
-    storage_ = std::make_unique<Storage>(config_.state_dir + "/sandboxes");
+    // Root's alone at every start (the writable layers hold what sandboxes made, setuid
+    // files of their root uid among it); the overlay writes there with the mounter's
+    // credentials.
+    const std::string state_sandboxes = config_.state_dir + "/sandboxes";
+    make_dirs(state_sandboxes, 0700);
+    check_sys("chmod", state_sandboxes, [&] { return ::chmod(state_sandboxes.c_str(), 0700); });
+    storage_ = std::make_unique<Storage>(state_sandboxes);
     std::fprintf(stderr, "berth-helper: storage limits are enforced by %s\n",
                  storage_->backend() == StorageBackend::project_quota
                      ? "project quotas on the state filesystem"

@@ -72,6 +72,11 @@ int main(int argc, char** argv) {
     app.add_option("--service-user", service_user, "whose /etc/subuid range sandboxes use");
     app.add_option("--registries-conf", registries_conf, "registry mirrors and rewrites");
     app.add_option("--auth-file", auth_file, "registry credentials of the system");
+    images::ImageLimits limits;
+    app.add_option("--max-image-size", limits.max_bytes,
+                   "bytes of files an image's layers may unpack to, together");
+    app.add_option("--max-image-entries", limits.max_entries,
+                   "entries an image's layers may unpack to, together");
     CLI11_PARSE(app, argc, argv);
 
     ::prctl(PR_SET_NAME, "berth-images");
@@ -96,11 +101,15 @@ int main(int argc, char** argv) {
         if (!pw) throw std::runtime_error("user '" + service_user + "' does not exist");
         // The helper's mapping: a layer's uid U is the sandbox's U, the host's start + U.
         const ns::IdMapping mapping = ns::mapping_for_user(service_user, pw->pw_uid);
+        // 0700 at every start, not only when made (see ImageStore: it does the same for
+        // its own directories).
         make_dirs(state_dir, 0700);
+        check_sys("chmod", state_dir, [&] { return ::chmod(state_dir.c_str(), 0700); });
         store = std::make_unique<images::ImageStore>(state_dir + "/images", mapping.uids.host_start,
                                                      mapping.gids.host_start);
         store->set_unpacker(images_service::isolated_unpacker(
             std::filesystem::read_symlink("/proc/self/exe").string(), mapping));
+        store->set_limits(limits);
         pulling = images_service::make_pulling(*store, registries_conf, auth_file);
         // Before any thread starts (capabilities and filters are per thread; threads made
         // later inherit them).

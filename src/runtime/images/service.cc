@@ -37,6 +37,8 @@ std::pair<v1::ErrorCode, std::string> classify(std::exception_ptr e, v1::ErrorCo
         return {v1::FAILED_PRECONDITION, x.what()};
     } catch (const images::BlobMismatch& x) {
         return {v1::INVALID_ARGUMENT, x.what()};
+    } catch (const images::LayerTooLarge& x) {
+        return {v1::RESOURCE_EXHAUSTED, x.what()};
     } catch (const images::ManifestError& x) {
         return {v1::INVALID_ARGUMENT, x.what()};
     } catch (const images::BootstrapError& x) {

@@ -160,6 +160,9 @@ images::UnpackResult run_worker(const std::string& binary, const ns::IdMapping& 
     job.set_compression(to_wire(compression));
     if (options.diff_id) job.set_diff_id(options.diff_id->str());
     job.set_label(dest);
+    job.set_max_bytes(options.max_bytes);
+    job.set_max_entries(options.max_entries);
+    job.set_limit_hint(options.limit_hint);
     try {
         wire::write_frame(ours.get(), job);
     } catch (const std::exception&) {
@@ -177,6 +180,8 @@ images::UnpackResult run_worker(const std::string& binary, const ns::IdMapping& 
                 throw images::DecompressError(f.message());
             case v1::unpack::DIFF_ID_MISMATCH:
                 throw images::ManifestError(f.message());
+            case v1::unpack::TOO_LARGE:
+                throw images::LayerTooLarge(f.message());
             default:  // SYSTEM's message names the call, the subject and errno
                 throw std::runtime_error(f.message());
         }
@@ -262,6 +267,9 @@ int unpack_worker_main() {
         images::UnpackOptions o;
         o.rootless = true;  // user.overlay.opaque; no devices (a namespace cannot make them)
         if (!job.diff_id().empty()) o.diff_id = images::Digest::parse(job.diff_id());
+        o.max_bytes = job.max_bytes();
+        o.max_entries = job.max_entries();
+        o.limit_hint = job.limit_hint();
         check_sys("fchdir", "scratch", [] { return ::fchdir(kScratchFd); });
         const images::UnpackResult r = images::unpack_layer(kBlobFd, compression, "./layer", o);
         auto* u = result.mutable_unpacked();
@@ -273,6 +281,8 @@ int unpack_worker_main() {
         fail(v1::unpack::DECOMPRESS, e.what());
     } catch (const images::ManifestError& e) {
         fail(v1::unpack::DIFF_ID_MISMATCH, e.what());
+    } catch (const images::LayerTooLarge& e) {
+        fail(v1::unpack::TOO_LARGE, e.what());
     } catch (const SysError& e) {
         fail(v1::unpack::SYSTEM, e.what(), e.code());
     } catch (const std::exception& e) {
