@@ -68,7 +68,6 @@ UnpackResult unpack_layer(int blob_fd, Compression compression, const std::strin
     x.layer.enabled = true;
     x.layer.uid_shift = options.uid_shift;
     x.layer.gid_shift = options.gid_shift;
-    x.layer.devices = !options.rootless;
     x.layer.opaque_xattr = options.rootless ? "user.overlay.opaque" : "trusted.overlay.opaque";
     // File capabilities become v3 with rootid = the sandboxes' root (in our own user
     // namespace's view: rootless, the kernel maps it to the host uid as it stores it), so

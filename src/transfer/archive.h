@@ -71,8 +71,8 @@ struct ExtractOptions {
     // `opaque_xattr` to "y" on its directory; pax SCHILY.xattr.* records are applied
     // (user.* but overlay's; security.capability rewritten in the namespaced form with
     // rootid `cap_rootid`, dropped without one; all others skipped with a warning);
-    // fifos and 0/0 character devices are made when `devices`, no other device ever
-    // (skipped with a warning); owners (with Owners::from_archive) are shifted by
+    // fifos and 0/0 character devices are made, no other device ever (skipped with a
+    // warning); owners (with Owners::from_archive) are shifted by
     // `uid_shift` and `gid_shift` (the sandboxes' uid and gid ranges on the host need not
     // start at the same id); and the layer is refused (SysError EFBIG naming the limit)
     // as soon as its file data would pass `max_bytes` or its entries `max_entries`.
@@ -81,7 +81,6 @@ struct ExtractOptions {
         uint32_t uid_shift = 0;
         uint32_t gid_shift = 0;
         std::string opaque_xattr = "trusted.overlay.opaque";
-        bool devices = true;
         std::optional<uint32_t> cap_rootid;
         uint64_t max_bytes = UINT64_MAX;
         uint64_t max_entries = UINT64_MAX;

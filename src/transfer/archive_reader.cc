@@ -475,8 +475,9 @@ void Extractor::entry(const tar::Header& h) {
             // Of a layer's device nodes only whiteouts (0/0 character devices) are made:
             // any other node would be a door from the sandbox (or from whoever reaches the
             // store) to a host device, whatever nodev and device cgroups say elsewhere. A
-            // fifo opens no device and is made.
-            if (options_.layer.enabled && options_.layer.devices &&
+            // fifo opens no device and is made. (Both are made in a user namespace too: the
+            // kernel lets anyone make a whiteout, as it must for the layer's .wh. entries.)
+            if (options_.layer.enabled &&
                 (e.type == '6' || (e.type == '3' && e.devmajor == 0 && e.devminor == 0)))
                 return extract_node(e);
             summary_.warnings.push_back(e.where + ": " +

@@ -13,7 +13,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     options.layer.enabled = true;
     options.layer.uid_shift = 200000;
     options.layer.gid_shift = 300000;
-    options.layer.devices = true;  // on the scratch tmpfs, mounted nodev
     options.layer.opaque_xattr = "trusted.overlay.opaque";
     berth::fuzz::extract(data, size, options);
     return 0;

@@ -11,9 +11,10 @@ Usage:
   hostile_layers.py OUT caps BINARY
       ./bin/capped: BINARY with security.capability v2 cap_setuid+ep (and cap_setgid),
       ./bin/capped3: BINARY with a v3 capability whose rootid is 0 (the host's root),
-      ./bin/suid: BINARY setuid root (04755, uid 0), ./bin/unmapped: 04777 owned by uid
-      4000000 (beyond any sandbox's range), ./etc/xattrs: security.selinux,
+      ./bin/suid: BINARY setuid root (04755, uid 0), ./etc/xattrs: security.selinux,
       security.ima, trusted.berth.evil, trusted.overlay.opaque, user.ok.
+  hostile_layers.py OUT unmapped
+      ./bin/unmapped: 04777 owned by uid 4000000 (beyond any sandbox's range).
   hostile_layers.py OUT zeros BYTES
       ./zeros: a file of BYTES zero bytes (written in chunks: never whole in memory).
   hostile_layers.py OUT sparse BYTES
@@ -98,7 +99,6 @@ def caps(tar, binary):
     ti.size = len(data)
     tar.addfile(ti, io.BytesIO(data))
     add_file(tar, "./bin/suid", data, mode=0o4755, uid=0, gid=0)
-    add_file(tar, "./bin/unmapped", data, mode=0o4777, uid=4000000, gid=4000000)
     ti = info("./etc/xattrs")
     ti.pax_headers = xattr_headers({
         "security.selinux": "system_u:object_r:shadow_t:s0",
@@ -158,6 +158,11 @@ def main():
             devices(tar, int(args[0]), int(args[1]))
         elif kind == "caps":
             caps(tar, args[0])
+        elif kind == "unmapped":
+            add_dir(tar, "./")
+            add_dir(tar, "./bin")
+            add_file(tar, "./bin/unmapped", b"#!/bin/sh\n", mode=0o4777, uid=4000000,
+                     gid=4000000)
         elif kind == "zeros":
             zeros(tar, int(args[0]))
         elif kind == "sparse":
