@@ -282,6 +282,12 @@ def test_init_memory_is_never_reachable_while_commands_start(daemon, race_rootfs
         assert spawned.count(0) == 1500, spawned[:10]
         assert tries > 1000, out
         assert hits == 0, f"init's memory was reachable {hits} times in {tries} tries: {r.err}"
+        # What the dumpable flag used to be lowered for still holds: commands are the OOM
+        # killer's first choice, init keeps its own score (-999 where the helper may lower
+        # it, else 0), both after 1500 raises and restores around the clones.
+        assert c.exec(sb.id, ["cat", "/proc/self/oom_score_adj"]).check().out == "500\n"
+        init_score = Path(f"/proc/{sb.init_pid}/oom_score_adj").read_text().strip()
+        assert init_score in ("0", "-999"), init_score
         c.delete(sb.id)
 
 

@@ -97,10 +97,14 @@ void report(int fd, const std::string& text) {
 // Runs as the new sandbox's first process (PID 1 of its pid namespace), in its fresh user,
 // mount, net, uts, ipc namespaces. Becomes berth-init; never returns.
 [[noreturn]] void sandbox_child(const ChildPlan& plan) {
+    UniqueFd oom_score_adj;
     try {
         ::signal(SIGCHLD, SIG_DFL);  // the helper ignores it; init must not
         ::signal(SIGPIPE, SIG_DFL);
         close_all_except({0, 1, 2, plan.go, plan.ready, plan.control, plan.overlay});
+        // Now, while our ids are still the host's and our mm dumpable: later /proc/self is
+        // the host root's (see init.h).
+        oom_score_adj.reset(::open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC));
         set_title("berth-init");
         // What needs our capabilities over the new namespaces but creates nothing that a
         // user owns is done while the helper writes our id maps: we hold those capabilities
@@ -133,7 +137,7 @@ void report(int fd, const std::string& text) {
         report(plan.ready, e.what());
         ::_exit(1);
     }
-    init::run_init(UniqueFd(plan.control));
+    init::run_init(UniqueFd(plan.control), std::move(oom_score_adj));
 }
 
 // Kills a sandbox's init (and so its whole pid namespace) and waits until it is gone.

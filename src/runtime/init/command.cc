@@ -144,35 +144,35 @@ int command_child(void* arg) {
 // (and, on the host, before the host's own processes). The child cannot set its own score:
 // /proc/self is owned by the host's root while it shares init's non-dumpable mm. It inherits
 // init's instead (copied at clone), so init raises its own for the clone and restores it
-// after, through an fd it opened while it was still dumpable. Raising needs no privilege,
-// and going back to a value init already had is allowed too.
+// after, through an fd opened while that was still possible (run_init's). Raising needs no
+// privilege, and going back to a value init already had is allowed too.
 class OomScore {
   public:
     static OomScore& get() {
         static OomScore score;
         return score;
     }
-    void raise() const noexcept {
-        if (fd_ >= 0) (void)!::pwrite(fd_, "500", 3, 0);
-    }
-    void restore() const noexcept {
-        if (fd_ >= 0) (void)!::pwrite(fd_, original_.data(), original_.size(), 0);
-    }
-
-  private:
-    OomScore() {
-        fd_ = ::open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
-        if (fd_ < 0) return;
+    void adopt(UniqueFd fd) {
+        fd_ = std::move(fd);
+        if (!fd_) return;
         char buf[16];
-        ssize_t n = ::pread(fd_, buf, sizeof buf - 1, 0);
+        ssize_t n = ::pread(fd_.get(), buf, sizeof buf - 1, 0);
         if (n <= 0) {
-            ::close(fd_);
-            fd_ = -1;
+            fd_.reset();
             return;
         }
         original_.assign(buf, static_cast<size_t>(n));
     }
-    int fd_ = -1;  // kept for init's life
+    void raise() const noexcept {
+        if (fd_) (void)!::pwrite(fd_.get(), "500", 3, 0);
+    }
+    void restore() const noexcept {
+        if (fd_) (void)!::pwrite(fd_.get(), original_.data(), original_.size(), 0);
+    }
+
+  private:
+    OomScore() = default;
+    UniqueFd fd_;  // kept for init's life
     std::string original_;
 };
 
@@ -290,8 +290,8 @@ std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
     return CommandFailure{kInternal, "setting up stdio: " + why};
 }
 
-void prepare_commands() {
-    OomScore::get();
+void prepare_commands(UniqueFd oom_score_adj) {
+    OomScore::get().adopt(std::move(oom_score_adj));
 }
 
 void kill_command_tree(pid_t main) {

@@ -25,9 +25,9 @@ struct CommandFailure {
 std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
                                                   const std::vector<UniqueFd>& stdio);
 
-// Opens what start_command needs of init's own /proc entry (its OOM score); call once at
-// start, before init makes itself non-dumpable.
-void prepare_commands();
+// Gives start_command init's own oom_score_adj (see run_init), read once here: call once at
+// start, after the helper has set init's score.
+void prepare_commands(UniqueFd oom_score_adj);
 
 // Stops, then SIGKILLs, `main` and all its descendants.
 void kill_command_tree(pid_t main);

@@ -141,10 +141,9 @@ pid_t accept_request(UniqueFd& connection) {
 
 }  // namespace
 
-[[noreturn]] void run_init(UniqueFd control) {
+[[noreturn]] void run_init(UniqueFd control, UniqueFd oom_score_adj) {
     ::prctl(PR_SET_NAME, "berth-init");
-    // What needs init's own /proc files is opened first, while they are still its own.
-    prepare_commands();
+    prepare_commands(std::move(oom_score_adj));
     // Not dumpable: processes in the sandbox cannot ptrace init or read its memory. Nothing
     // that shares this mm ever sets it back (see command.cc).
     ::prctl(PR_SET_DUMPABLE, 0);

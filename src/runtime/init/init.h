@@ -19,7 +19,10 @@ namespace berth::init {
 void harden_init(const ns::SeccompProgram& seccomp);
 
 // Never returns. `control` is a listening Unix socket created (and permission-restricted)
-// by the helper before the sandbox's namespaces were entered.
-[[noreturn]] void run_init(UniqueFd control);
+// by the helper before the sandbox's namespaces were entered. `oom_score_adj` is init's own
+// /proc/PID/oom_score_adj, opened while it still could (before it became the namespace's
+// root: from then on its mm is not dumpable and /proc/self belongs to the host's root);
+// commands take their OOM score from it (command.cc). It may be invalid.
+[[noreturn]] void run_init(UniqueFd control, UniqueFd oom_score_adj);
 
 }  // namespace berth::init
