@@ -110,6 +110,19 @@ def rootfs_copy(busybox_rootfs: Path, dest: Path) -> Path:
 
 
 # ---- hole 3: --rootfs ------------------------------------------------------------------------
+def test_only_root_creates_for_another_user(daemon, image, m1, m2):
+    with m1.connect(daemon) as a, daemon.connect() as root:
+        expect_error(lambda: a.call("create", pb.CreateSandbox(image=image, owner_uid=m2.uid)),
+                     "PERMISSION_DENIED", "owner_uid")
+        sb = root.call("create", pb.CreateSandbox(image=image, owner_uid=m2.uid,
+                                                  persistent=True)).create.sandbox
+        assert sb.owner_uid == m2.uid
+        expect_error(lambda: a.exec(sb.id, ["true"]).check(), "PERMISSION_DENIED")
+        with m2.connect(daemon) as b:
+            b.exec(sb.id, ["true"]).check()
+            b.delete(sb.id)
+
+
 def test_a_member_cannot_use_a_host_directory_as_rootfs(daemon, m1):
     # The attack: a root filesystem of /etc, then `berth cp` of /shadow.
     r = m1.cli(daemon, "create", "--rootfs", "/etc")

@@ -66,7 +66,9 @@ def esc(rdaemon, busybox_rootfs, canary, base_dir):
     e.C = str(canary.root)            # the canary dir's absolute host path
     e.cb = canary.root.name           # its basename
     e.token = "berthpay" + os.urandom(5).hex()
-    e.sid = rdaemon.create(busybox_rootfs)
+    # nobody's, so that an unprivileged client's copy gets as far as the host side (root
+    # reaches it anyway).
+    e.sid = rdaemon.create(busybox_rootfs, "--owner", "65534")
     e.upper = rdaemon.upper_dir(e.sid)
     e.rootfs = busybox_rootfs
     e.lower_before = tu.tree_snapshot(busybox_rootfs)

@@ -34,7 +34,9 @@ def src_tree(base_dir):
 
 @pytest.fixture(scope="module")
 def sb(daemon, busybox_rootfs):
-    return daemon.create(busybox_rootfs, "--name", "transfer-rt")
+    # nobody's (root made it for nobody, as an admin would): the tests copy as root, which
+    # reaches every sandbox, and as nobody, which reaches only its own.
+    return daemon.create(busybox_rootfs, "--name", "transfer-rt", "--owner", "65534")
 
 
 @pytest.fixture

@@ -48,6 +48,7 @@ struct CreateOptions {
     double cpus = 0;
     uint64_t pids = 0;
     bool storage_given = false;
+    std::optional<uint32_t> owner;
     void add_to(CLI::App* cmd) {
         cmd->add_option("--rootfs", rootfs,
                         "a root filesystem directory instead of an image (the overlay's lower "
@@ -67,6 +68,8 @@ struct CreateOptions {
             },
             "bound on what the sandbox writes to its filesystem, e.g. 512m, 10g "
             "(default: the daemon's --default-storage)");
+        cmd->add_option("--owner", owner,
+                        "root only: the host uid the sandbox belongs to (default: yours)");
         cmd->add_option("--sandbox-workdir", workdir,
                         "where relative exec cwds and copy paths start (default: the image's "
                         "WorkingDir, else /)");
@@ -89,6 +92,7 @@ struct CreateOptions {
         c.set_hostname(hostname);
         c.set_persistent(persistent);
         c.set_workdir(workdir);
+        if (owner) c.set_owner_uid(*owner);
         if (!memory.empty()) c.mutable_resources()->set_memory_bytes(parse_size(memory));
         c.mutable_resources()->set_cpus(cpus);
         c.mutable_resources()->set_pids(pids);

@@ -304,6 +304,12 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
                             "use an image");
         return;
     }
+    if (req.has_owner_uid() && !session->root()) {
+        session->send_error(id, v1::PERMISSION_DENIED,
+                            "owner_uid: only root may create a sandbox for another user");
+        return;
+    }
+    const uid_t owner = req.has_owner_uid() ? req.owner_uid() : session->uid;
     if (!req.name().empty() &&
         (registry_.name_taken(req.name()) || pending_names_.count(req.name()))) {
         session->send_error(id, v1::ALREADY_EXISTS, "a sandbox named '" + req.name() + "' exists");
@@ -318,9 +324,9 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
             session->send_error(id, v1::UNAVAILABLE, "this daemon has no image store");
             return;
         }
-        resolve_image_(req.image(), [this, weak, session_id = session->id, owner = session->uid, id,
-                                     req](v1::ErrorCode code, const std::string& error,
-                                          const ResolvedImage& image) {
+        resolve_image_(req.image(), [this, weak, session_id = session->id, owner, id, req](
+                                        v1::ErrorCode code, const std::string& error,
+                                        const ResolvedImage& image) {
             if (code != v1::ERROR_CODE_UNSPECIFIED) {
                 pending_names_.erase(req.name());
                 if (auto session = weak.lock()) session->send_error(id, code, error);
@@ -330,7 +336,7 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
         });
         return;
     }
-    create_sandbox(weak, session->id, session->uid, id, req, nullptr);
+    create_sandbox(weak, session->id, owner, id, req, nullptr);
 }
 
 void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session_id, uid_t owner,

@@ -36,6 +36,12 @@ const std::vector<std::string>& helper_capabilities() {
         "DAC_READ_SEARCH",  // walking them (the janitor empties writable layers)
         "KILL",             // signalling sandbox inits (another uid)
         "SYS_PTRACE",       // /proc/INIT/root of a non-dumpable init (storage usage)
+        // overlayfs works on a sandbox's writable layer with the credentials of whoever made
+        // the overlay (us): what the sandbox's own capabilities allow on its files must be
+        // ours too, or the kernel quietly does less (a setgid bit dropped on chmod).
+        "FSETID",
+        "MKNOD",
+        "SETFCAP",
     };
     return caps;
 }
