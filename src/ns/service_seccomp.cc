@@ -35,76 +35,6 @@ void check_scmp(int rc, std::string_view call, std::string_view subject = {}) {
     if (rc < 0) throw_sys(call, subject, -rc);
 }
 
-// What no worker may call, whatever the arguments (the dangerous calls of a sandbox's
-// profile).
-constexpr const char* kDenied[] = {
-    // Kernel keyring: not namespaced.
-    "keyctl",
-    "add_key",
-    "request_key",
-    // eBPF and perf: kernel attack surface and information leaks.
-    "bpf",
-    "perf_event_open",
-    // Loading kernels and modules.
-    "kexec_load",
-    "kexec_file_load",
-    "init_module",
-    "finit_module",
-    "delete_module",
-    "create_module",
-    "get_kernel_syms",
-    "query_module",
-    // Mount table changes, old and new mount API.
-    "mount",
-    "umount",
-    "umount2",
-    "pivot_root",
-    "fsopen",
-    "fsconfig",
-    "fsmount",
-    "fspick",
-    "move_mount",
-    "open_tree",
-    "mount_setattr",
-    // Joining other namespaces.
-    "setns",
-    // Handle-based opens bypass path-based confinement (the "shocker" escape).
-    "open_by_handle_at",
-    "name_to_handle_at",
-    // userfaultfd makes kernel races easy to win.
-    "userfaultfd",
-    // Host-wide state: accounting, swap, power, kernel log, clocks.
-    "acct",
-    "swapon",
-    "swapoff",
-    "reboot",
-    "syslog",
-    "settimeofday",
-    "clock_settime",
-    "clock_adjtime",
-    "adjtimex",
-    "stime",
-    // Raw I/O port access and vm86 mode.
-    "iopl",
-    "ioperm",
-    "vm86",
-    "vm86old",
-    // Quotas are host state.
-    "quotactl",
-    "quotactl_fd",
-    // Obsolete or host-revealing calls.
-    "lookup_dcookie",
-    "nfsservctl",
-    "uselib",
-    "ustat",
-    "sysfs",
-    "_sysctl",
-    // io_uring performs I/O outside the syscall filter's view; Docker blocks it too.
-    "io_uring_setup",
-    "io_uring_enter",
-    "io_uring_register",
-};
-
 // service_profile(): what neither berth-helper nor berth-images ever calls; none of these has
 // a row in default_seccomp_rules() (a test checks it), so the sandbox below the helper, whose
 // own filter answers first with the same EPERM, sees no difference. (Not bpf, nor quotactl:
@@ -148,8 +78,28 @@ constexpr const char* kServiceDenied[] = {
     "io_uring_register",
 };
 
-// worker_profile(): beyond kDenied, what a parser of untrusted bytes never needs.
+// worker_profile(): beyond kServiceDenied, what a parser of untrusted bytes never needs.
 constexpr const char* kWorkerDenied[] = {
+    // What the helper keeps and a worker never needs: eBPF, quotas, mounts and namespaces,
+    // handle-based opens, clock adjustment.
+    "bpf",
+    "mount",
+    "umount",
+    "umount2",
+    "pivot_root",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "setns",
+    "name_to_handle_at",
+    "clock_adjtime",
+    "adjtimex",
+    "quotactl",
+    "quotactl_fd",
     // Other processes: their memory and their tracing.
     "ptrace",
     "process_vm_readv",
@@ -280,7 +230,7 @@ SeccompProgram SeccompProgram::service_profile() {
 SeccompProgram SeccompProgram::worker_profile(bool network) {
     SeccompCtx ctx = new_default_allow();
     scmp_filter_ctx c = ctx.get();
-    for (const char* name : kDenied) add_rule(c, name, SCMP_ACT_ERRNO(EPERM));
+    for (const char* name : kServiceDenied) add_rule(c, name, SCMP_ACT_ERRNO(EPERM));
     for (const char* name : kWorkerDenied) add_rule(c, name, SCMP_ACT_ERRNO(EPERM));
     if (!network) {
         for (const char* name : kSocketCalls) add_rule(c, name, SCMP_ACT_ERRNO(EPERM));
