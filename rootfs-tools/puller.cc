@@ -53,66 +53,45 @@ struct Threads {
     }
 };
 
+// A document's bytes must be the ones its digest (and size, when known) names.
+void check_document(const std::string& bytes, const Digest& digest, std::optional<uint64_t> size,
+                    const std::string& what) {
+    if (size && bytes.size() != *size) {
+        throw ManifestError(what + " " + digest.str() + ": " + std::to_string(bytes.size()) +
+                            " bytes, its descriptor says " + std::to_string(*size));
+    }
+    if (const Digest d = sha256_of(bytes); d != digest)
+        throw BlobMismatch(what + " " + digest.str() + ": its bytes hash to " + d.str());
+}
+
 }  // namespace
 
 Puller::Puller(ImageStore& store, RegistriesConfig registries, AuthConfig system_auth)
-    : store_(store), registries_(std::move(registries)), system_auth_(std::move(system_auth)) {}
+    : Puller(store, local_sessions(std::move(registries), std::move(system_auth))) {}
+
+Puller::Puller(ImageStore& store, SessionFactory sessions)
+    : store_(store), sessions_(std::move(sessions)) {}
 
 Image Puller::pull(const Reference& ref, const PullOptions& options) {
     // What this pull stores before its name is recorded is not yet needed by any name:
     // remove() and prune() wait while it is held.
     const auto hold = store_.hold_content();
     Pull pull(options, ref.str());
-    AuthConfig auth = options.auth.value_or(AuthConfig{});
-    auth.merge_over(system_auth_);
-    auto cancelled = [&pull] { return pull.cancelled(); };
+    const std::unique_ptr<RegistrySession> session =
+        sessions_(options, [&pull] { return pull.cancelled(); });
 
-    // Resolve: the mirrors in order, then the registry; the first that has it serves all.
-    const std::vector<Endpoint> endpoints = registries_.endpoints_for(ref);
-    const std::string wanted = ref.digest ? ref.digest->str() : ref.tag.value_or("latest");
-    std::unique_ptr<RegistryClient> client;
-    RegistryClient::ManifestResponse top;
-    std::string tried;
-    for (size_t i = 0; i < endpoints.size() && !client; ++i) {
-        const Endpoint& ep = endpoints[i];
-        auto c =
-            std::make_unique<RegistryClient>(ep, auth.find(ep.host), options.timings, cancelled);
-        try {
-            top = c->manifest(wanted, ref.digest, [&](const std::string& why) {
-                pull.emit({PullEvent::Kind::retrying,
-                           ref.digest.value_or(Digest::from_hex(std::string(64, '0'))), 0, 0,
-                           "manifest " + wanted + ": " + why});
-            });
-            client = std::move(c);
-        } catch (const PullCancelled&) {
-            throw;
-        } catch (const std::exception& e) {
-            if (i + 1 < endpoints.size()) {
-                tried += (tried.empty() ? "" : "; ") + ep.str() + ": " + e.what();
-                continue;
-            }
-            if (tried.empty()) throw;
-            // The registry's own error, its kind and status kept, with what the mirrors said.
-            const std::string all = std::string(e.what()) + " (mirrors tried first: " + tried + ")";
-            try {
-                throw;
-            } catch (const RegistryAuthError& r) {
-                throw RegistryAuthError(all, r.status());
-            } catch (const RegistryError& r) {
-                throw RegistryError(all, r.status());
-            } catch (const BlobMismatch&) {
-                throw BlobMismatch(all);
-            } catch (const ManifestError&) {
-                throw ManifestError(all);
-            } catch (const std::exception&) {
-                throw RegistryError(all);
-            }
-        }
+    const RegistrySession::Resolved top = session->resolve(ref, [&](const std::string& why) {
+        pull.emit({PullEvent::Kind::retrying,
+                   ref.digest.value_or(Digest::from_hex(std::string(64, '0'))), 0, 0, why});
+    });
+    check_document(top.bytes, top.digest, std::nullopt, "manifest");
+    if (ref.digest && top.digest != *ref.digest) {
+        throw BlobMismatch("manifest " + ref.str() + ": the registry answered " + top.digest.str());
     }
-    pull.emit({PullEvent::Kind::resolved, top.digest, 0, 0, client->endpoint().str()});
+    pull.emit({PullEvent::Kind::resolved, top.digest, 0, 0, top.endpoint});
 
     // Present already: the tag still names what was recorded, everything is unpacked.
-    const auto doc = parse_manifest_or_index(top.bytes, top.content_type);
+    const Document& doc = top.document;
     const Index* index = std::get_if<Index>(&doc);
     if (auto have = store_.find(ref); have && have->manifest == top.digest) {
         bool complete = true;
@@ -121,7 +100,8 @@ Image Puller::pull(const Reference& ref, const PullOptions& options) {
             const Descriptor& d = select_manifest(*index, options.platform);
             complete = store_.blobs().has(d.digest);
             if (complete) {
-                auto m = parse_manifest_or_index(read_file(store_.blobs().path(d.digest)));
+                auto m =
+                    session->parse_document(read_file(store_.blobs().path(d.digest)), d.media_type);
                 complete = std::holds_alternative<Manifest>(m) &&
                            std::get<Manifest>(m).config.digest == have->config;
             }
@@ -136,31 +116,30 @@ Image Puller::pull(const Reference& ref, const PullOptions& options) {
     const Manifest manifest = [&]() -> Manifest {
         if (!index) return std::get<Manifest>(doc);
         const Descriptor& d = select_manifest(*index, options.platform);
-        std::string bytes;
+        RegistrySession::Fetched fetched;
         if (store_.blobs().has(d.digest)) {
-            bytes = read_file(store_.blobs().path(d.digest));
+            fetched.bytes = read_file(store_.blobs().path(d.digest));
+            fetched.document = session->parse_document(fetched.bytes, d.media_type);
         } else {
-            bytes = client->manifest(d.digest.str(), d.digest).bytes;
-            documents.emplace_back(d.digest, bytes);
+            fetched = session->manifest(d);
+            documents.emplace_back(d.digest, fetched.bytes);
         }
-        if (bytes.size() != d.size) {
-            throw ManifestError("manifest " + d.digest.str() + " of " + client->endpoint().str() +
-                                ": " + std::to_string(bytes.size()) + " bytes, its index says " +
-                                std::to_string(d.size));
-        }
-        auto inner = parse_manifest_or_index(bytes, d.media_type);
+        check_document(fetched.bytes, d.digest, d.size, "manifest of " + top.endpoint);
+        Document inner = std::move(fetched.document);
         if (!std::holds_alternative<Manifest>(inner))
             throw ManifestError(ref.str() + ": an index inside an index");
         return std::get<Manifest>(std::move(inner));
     }();
-    std::string config_bytes;
+    ImageConfig config;
     if (store_.blobs().has(manifest.config.digest)) {
-        config_bytes = read_file(store_.blobs().path(manifest.config.digest));
+        config = session->parse_config(read_file(store_.blobs().path(manifest.config.digest)));
     } else {
-        config_bytes = client->small_blob(manifest.config);
-        documents.emplace_back(manifest.config.digest, config_bytes);
+        auto [bytes, parsed] = session->config(manifest.config);
+        check_document(bytes, manifest.config.digest, manifest.config.size,
+                       "config of " + top.endpoint);
+        documents.emplace_back(manifest.config.digest, std::move(bytes));
+        config = std::move(parsed);
     }
-    const ImageConfig config = parse_config(config_bytes);
     if (config.diff_ids.size() != manifest.layers.size()) {
         throw ManifestError(ref.str() + ": the manifest has " +
                             std::to_string(manifest.layers.size()) + " layers, its config " +
@@ -198,7 +177,7 @@ Image Puller::pull(const Reference& ref, const PullOptions& options) {
         };
         const bool fetched = InFlight::process().run(
             root + "/blob/" + std::string(blob.hex()), [&] { return store_.blobs().has(blob); },
-            [&] { client->fetch_blob(layer.blob, store_.blobs(), callbacks); }, check);
+            [&] { session->fetch_blob(layer.blob, store_.blobs(), callbacks); }, check);
         pull.emit({fetched ? PullEvent::Kind::blob_done : PullEvent::Kind::blob_present,
                    blob,
                    layer.blob.size,

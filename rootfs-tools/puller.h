@@ -25,6 +25,7 @@
 #include "rootfs-tools/reference.h"
 #include "rootfs-tools/registry.h"
 #include "rootfs-tools/registry_config.h"
+#include "rootfs-tools/registry_session.h"
 
 namespace berth::images {
 
@@ -58,9 +59,16 @@ struct PullOptions {
     unsigned parallel = 4;    // layer blobs downloaded at once
 };
 
+// The puller decides what to ask for and keeps the store; what registries send is read
+// and parsed by its RegistrySession (registry_session.h). It checks what the session
+// returns the way it would check a registry: every document against its digest (and its
+// size where a descriptor gives one), every blob by the store's writer.
 class Puller {
   public:
+    // Registry access in this process (LocalRegistrySession).
     Puller(ImageStore& store, RegistriesConfig registries, AuthConfig system_auth);
+    // Registry access through `sessions` (berth-images: its unprivileged fetcher).
+    Puller(ImageStore& store, SessionFactory sessions);
 
     // Returns the image recorded under `ref` (its name: ref without digest, or name@digest
     // when ref has no tag); Image::manifest is what the reference resolved to (a manifest
@@ -70,8 +78,7 @@ class Puller {
 
   private:
     ImageStore& store_;
-    RegistriesConfig registries_;
-    AuthConfig system_auth_;
+    SessionFactory sessions_;
 };
 
 }  // namespace berth::images

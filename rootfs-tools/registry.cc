@@ -352,9 +352,28 @@ std::string RegistryClient::small_blob(const Descriptor& blob, size_t limit) {
 
 void RegistryClient::fetch_blob(const Descriptor& blob, BlobStore& store,
                                 const BlobCallbacks& callbacks) {
-    const std::string what = "blob " + blob.digest.str() + " of " + repo_label();
     // The writer outlives attempts: a resumed transfer appends to it, its hash state intact.
-    std::optional<BlobWriter> writer(store.writer(blob.digest, blob.size));
+    class StoreSink : public BlobSink {
+      public:
+        StoreSink(BlobStore& store, const Descriptor& blob)
+            : store_(store), blob_(blob), writer_(store.writer(blob.digest, blob.size)) {}
+        void write(std::string_view data) override { writer_->write(data.data(), data.size()); }
+        uint64_t written() const override { return writer_->written(); }
+        void restart() override { writer_.emplace(store_.writer(blob_.digest, blob_.size)); }
+        void commit() { writer_->commit(); }
+
+      private:
+        BlobStore& store_;
+        const Descriptor& blob_;
+        std::optional<BlobWriter> writer_;
+    } sink(store, blob);
+    fetch_blob(blob, sink, callbacks);
+    sink.commit();
+}
+
+void RegistryClient::fetch_blob(const Descriptor& blob, BlobSink& out,
+                                const BlobCallbacks& callbacks) {
+    const std::string what = "blob " + blob.digest.str() + " of " + repo_label();
     HttpSink sink;
     sink.begin = [&](const HttpResponse& r) {
         if (r.status == 206) {
@@ -364,41 +383,43 @@ void RegistryClient::fetch_blob(const Descriptor& blob, BlobStore& store,
             const uint64_t start = space == std::string::npos || dash == std::string::npos
                                        ? UINT64_MAX
                                        : std::strtoull(range.c_str() + space + 1, nullptr, 10);
-            if (const uint64_t have = writer->written(); start != have) {
-                writer.emplace(store.writer(blob.digest, blob.size));
+            if (const uint64_t have = out.written(); start != have) {
+                out.restart();
                 throw Transient(what + ": asked for the bytes from " + std::to_string(have) +
                                 ", got '" + range + "'; starting over");
             }
-        } else if (writer->written() > 0) {
+        } else if (out.written() > 0) {
             // The whole blob instead of the rest: what was kept cannot be trusted to line up.
-            writer.emplace(store.writer(blob.digest, blob.size));
+            out.restart();
         }
     };
     sink.data = [&](std::string_view data) {
-        writer->write(data.data(), data.size());
-        if (callbacks.progress) callbacks.progress(writer->written(), blob.size);
+        if (out.written() + data.size() > blob.size) {
+            throw BlobMismatch(what + ": more than the " + std::to_string(blob.size) +
+                               " bytes its descriptor says");
+        }
+        out.write(data);
+        if (callbacks.progress) callbacks.progress(out.written(), blob.size);
     };
     with_retries(what, true, callbacks.retrying, [&] {
         HttpRequest r;
-        if (writer->written() > 0) r.range_from = writer->written();
+        if (out.written() > 0) r.range_from = out.written();
         HttpResponse x = send("blobs/" + blob.digest.str(), r, &sink, 64 << 10);
         if (x.status == 200 || x.status == 206) {
-            if (writer->written() < blob.size) {
+            if (out.written() < blob.size) {
                 throw Transient(what + ": the answer ended at byte " +
-                                std::to_string(writer->written()) + " of " +
-                                std::to_string(blob.size));
+                                std::to_string(out.written()) + " of " + std::to_string(blob.size));
             }
             return 0;
         }
         if (x.status == 416) {  // the range was refused: the whole blob, once more
-            writer.emplace(store.writer(blob.digest, blob.size));
+            out.restart();
             throw Transient(what + ": " + status_text(x));
         }
         if (transient_status(x.status)) throw Transient(what + ": " + status_text(x));
         if (x.status == 404) throw RegistryError(what + ": not found (HTTP 404)", 404);
         throw RegistryError(what + ": " + status_text(x), x.status);
     });
-    writer->commit();
 }
 
 }  // namespace berth::images

@@ -14,6 +14,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rootfs-tools/blob_store.h"
@@ -85,6 +86,19 @@ class RegistryClient {
         std::function<void(uint64_t done, uint64_t total)> progress;
         std::function<void(const std::string& why)> retrying;
     };
+    // Where a blob's bytes go as they arrive: the blob store, or (in the fetcher) the
+    // channel to berth-images, which writes and verifies them there.
+    class BlobSink {
+      public:
+        virtual ~BlobSink() = default;
+        virtual void write(std::string_view data) = 0;
+        virtual uint64_t written() const = 0;
+        // What was written is dropped: the bytes start over from the first.
+        virtual void restart() = 0;
+    };
+    // Streams the blob into `sink`, retrying and resuming as fetch_blob below; returns
+    // when all of its bytes were written (the sink's owner checks their digest).
+    void fetch_blob(const Descriptor& blob, BlobSink& sink, const BlobCallbacks& callbacks);
     // GET /v2/<repository>/blobs/<digest>, streamed into `store` as it arrives and committed
     // there (BlobMismatch, and nothing stored, when the bytes are not the blob). A transfer
     // cut short is retried and resumed with a Range request, keeping what was written; a

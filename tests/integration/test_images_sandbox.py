@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BERTH, REPO_ROOT, Daemon
+import hostutil
 
 sys.path.insert(0, str(REPO_ROOT / "tests/registry"))
 import fixture as fx  # noqa: E402
@@ -282,6 +283,9 @@ def test_daemon_killed_mid_pull_leaves_nothing_trusted(base_dir, images):
                     assert puller.poll() is None, puller.communicate()
                     time.sleep(0.05)
                 workers = [p for p in _children_named(d.proc.pid, "berth-images")]
+                workers += [p for p in _descendants(d.proc.pid)
+                            if hostutil.comm(p) == "berth-fetch"]
+                assert len(workers) == 2, workers  # berth-images and the pull's fetcher
                 d.kill()
                 puller.wait(timeout=30)
                 assert puller.returncode != 0
@@ -304,13 +308,93 @@ def test_daemon_killed_mid_pull_leaves_nothing_trusted(base_dir, images):
         d.stop()
 
 
+def _descendants(pid: int) -> list:
+
+    out, todo = [], [pid]
+    while todo:
+        for c in hostutil.children(todo.pop()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _status(pid: int) -> dict:
+    with open(f"/proc/{pid}/status") as f:
+        return {k: v.strip() for k, _, v in (line.partition(":") for line in f)}
+
+
+def test_the_registry_fetcher_has_no_privilege_and_sees_no_berth_state(base_dir, fresh_daemon,
+                                                                       images):
+    """The process that reads a registry's bytes (berth-images' fetcher), caught while a blob
+    download stalls: berthd's user, no capability in any set, no_new_privs, a seccomp filter,
+    pid 1 of a pid namespace of its own, and berth's runtime and state directories empty in
+    its mount namespace. The pull's cancel ends it."""
+    import pwd
+
+    d = fresh_daemon
+    berth = pwd.getpwnam("berth")
+    with fx.Registry(base_dir / "registry-fetcher") as reg:
+        fx.push_oci_layout(images["busybox"].layout, "latest", reg, "fetch/busybox", "v1")
+        with fx.CuttingProxy(reg.host, cut_after_bytes=64 << 10, cut_times=1,
+                             mode="stall") as proxy:
+            ref = f"{proxy.host}/fetch/busybox:v1"
+            puller = subprocess.Popen(
+                [str(BERTH), "pull", "--quiet", ref],
+                env={**os.environ, "BERTH_SOCKET": d.socket}, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True)
+            try:
+                deadline = time.monotonic() + 60
+                while proxy.cuts == 0:
+                    assert time.monotonic() < deadline, "the pull never reached the stall"
+                    assert puller.poll() is None, puller.communicate()
+                    time.sleep(0.05)
+                fetchers = [p for p in _descendants(d.images_pid)
+                            if hostutil.comm(p) == "berth-fetch"]
+                assert len(fetchers) == 1, fetchers
+                pid = fetchers[0]
+                st = _status(pid)
+                assert st["Uid"].split() == [str(berth.pw_uid)] * 4, st["Uid"]
+                assert st["Gid"].split() == [str(berth.pw_gid)] * 4, st["Gid"]
+                assert st["Groups"] == "", st["Groups"]
+                for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                    assert int(st[key], 16) == 0, f"{key} {st[key]}"
+                assert st["NoNewPrivs"] == "1"
+                assert st["Seccomp"] == "2"
+                # Every thread (the downloads run on threads of their own).
+                for t in os.listdir(f"/proc/{pid}/task"):
+                    tst = _status(int(t))
+                    assert int(tst["CapEff"], 16) == 0 and tst["Seccomp"] == "2", t
+                assert st["NSpid"].split()[-1] == "1", st["NSpid"]
+                for ns in ("pid", "mnt"):
+                    assert os.readlink(f"/proc/{pid}/ns/{ns}") != \
+                        os.readlink(f"/proc/{d.images_pid}/ns/{ns}"), ns
+                root = f"/proc/{pid}/root"
+                assert os.listdir(root + str(d.runtime_dir)) == []
+                assert os.listdir(root + str(d.state_dir)) == []
+                assert (d.runtime_dir / "berth.sock").exists()  # (it is there outside)
+                # Its /proc is its namespace's: itself and nothing else.
+                assert [p for p in os.listdir(root + "/proc") if p.isdigit()] == ["1"]
+            finally:
+                # The client goes: its pull is cancelled, and the fetcher goes with it.
+                puller.kill()
+                puller.wait()
+            hostutil.wait_for(lambda: not hostutil.pid_alive(pid), 15,
+                              what=f"the fetcher {pid} to exit once its pull was cancelled")
+        assert image_named(d, ref) is None
+        # The daemon still pulls through a new fetcher.
+        direct = reg.ref("fetch/busybox", "v1")
+        pull(d, direct)
+        assert image_named(d, direct) is not None
+        assert not [p for p in _descendants(d.images_pid) if hostutil.comm(p) == "berth-fetch"]
+
+
 def _children_named(pid: int, name: str):
-    import hostutil
+
     return [p for p in hostutil.children(pid) if hostutil.comm(p) == name]
 
 
 def _wait_gone(pid: int, timeout: float = 15):
-    import hostutil
+
     hostutil.wait_for(lambda: not hostutil.pid_alive(pid), timeout,
                       what=f"berth-images {pid} to exit once berthd was killed")
 

@@ -31,7 +31,7 @@ CAP = {
 HELPER_CAPS = ["SYS_ADMIN", "SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE",
                "DAC_READ_SEARCH", "KILL", "SYS_PTRACE", "FSETID", "MKNOD", "SETFCAP"]
 # src/runtime/images/images_main.cc: images_capabilities()
-IMAGES_CAPS = ["SETUID", "SETGID", "CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE",
+IMAGES_CAPS = ["SETUID", "SETGID", "CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE", "SETPCAP",
                "DAC_READ_SEARCH", "KILL", "SYS_ADMIN", "SYS_CHROOT", "MKNOD", "SETFCAP"]
 # src/runtime/images/unpack_worker.cc: what the worker keeps inside its own namespace
 WORKER_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETFCAP"]

@@ -60,18 +60,19 @@ pid_t start_helper(const std::string& path, int channel, const std::vector<std::
 // workers' user namespaces), with a channel of its own; it exits when that channel closes (when we
 // die: a death signal could not reach it once we are unprivileged).
 UniqueFd start_images(const std::string& path, const std::string& state_dir,
-                      const std::string& user, const std::string& registries_conf,
-                      const std::string& auth_file, const std::string& max_image_size,
-                      const std::string& max_image_entries) {
+                      const std::string& runtime_dir, const std::string& user,
+                      const std::string& registries_conf, const std::string& auth_file,
+                      const std::string& max_image_size, const std::string& max_image_entries) {
     int pair[2];
     check_sys("socketpair", "images channel",
               [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair); });
     UniqueFd ours(pair[0]), theirs(pair[1]);
-    start_helper(path, theirs.get(),
-                 {"--channel-fd", std::to_string(theirs.get()), "--parent-pid",
-                  std::to_string(::getpid()), "--state-dir", state_dir, "--service-user", user,
-                  "--registries-conf", registries_conf, "--auth-file", auth_file,
-                  "--max-image-size", max_image_size, "--max-image-entries", max_image_entries});
+    start_helper(
+        path, theirs.get(),
+        {"--channel-fd", std::to_string(theirs.get()), "--parent-pid", std::to_string(::getpid()),
+         "--state-dir", state_dir, "--runtime-dir", runtime_dir, "--service-user", user,
+         "--registries-conf", registries_conf, "--auth-file", auth_file, "--max-image-size",
+         max_image_size, "--max-image-entries", max_image_entries});
     return ours;
 }
 
@@ -199,7 +200,7 @@ int main(int argc, char** argv) {
              "--daemon-gid", std::to_string(gid), "--cgroup-parent", cgroup_parent});
         theirs.reset();
         UniqueFd images_channel =
-            start_images(images_path, state_dir, user, registries_conf, auth_file,
+            start_images(images_path, state_dir, runtime_dir, user, registries_conf, auth_file,
                          std::to_string(max_image_size), std::to_string(max_image_entries));
 
         drop_privileges(uid, gid);

@@ -26,6 +26,7 @@
 #include "ns/idmap.h"
 #include "ns/security.h"
 #include "rootfs-tools/image_store.h"
+#include "runtime/images/fetcher.h"
 #include "runtime/images/pulling.h"
 #include "runtime/images/service.h"
 #include "runtime/images/unpack_worker.h"
@@ -46,8 +47,9 @@ const std::vector<std::string>& images_capabilities() {
         "SETUID", "SETGID",  // the unpack worker's id maps; debootstrap's maintainer scripts
         "CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE", "DAC_READ_SEARCH",  // the store's
         // trees (layers are owned by the sandboxes' ids), and debootstrap's
-        "KILL",                            // stopping debootstrap's tree, ending an unpack worker
-        "SYS_ADMIN",                       // debootstrap's pid and mount namespace, its /proc
+        "KILL",       // stopping debootstrap's tree, ending an unpack worker
+        "SYS_ADMIN",  // debootstrap's and the fetcher's pid and mount namespaces, their /proc
+        "SETPCAP",    // emptying the fetcher's bounding set
         "SYS_CHROOT", "MKNOD", "SETFCAP",  // debootstrap and dpkg
     };
     return caps;
@@ -60,16 +62,22 @@ int main(int argc, char** argv) {
     // namespace by isolated_unpacker.
     if (argc == 2 && std::strcmp(argv[1], "--unpack-worker") == 0)
         return images_service::unpack_worker_main();
+    // A pull's registry fetcher (fetcher.h): berth-images itself, exec'd as berthd's user in
+    // namespaces of its own by fetcher_sessions.
+    if (argc == 2 && std::strcmp(argv[1], "--fetch-worker") == 0)
+        return images_service::fetcher_main();
     CLI::App app{"berth-images: the image store for berthd"};
     int channel = -1;
     pid_t parent = 0;
-    std::string state_dir, service_user = "berth";
+    std::string state_dir, runtime_dir, service_user = "berth";
     std::string registries_conf = "/etc/berth/registries.conf";
     std::string auth_file = "/etc/berth/auth.json";
     app.add_option("--channel-fd", channel, "the socketpair end shared with berthd")->required();
     app.add_option("--parent-pid", parent, "berthd's pid (we die with it)")->required();
     app.add_option("--state-dir", state_dir, "the store is STATE_DIR/images")->required();
-    app.add_option("--service-user", service_user, "whose /etc/subuid range sandboxes use");
+    app.add_option("--runtime-dir", runtime_dir, "berthd's sockets (hidden from the fetcher)");
+    app.add_option("--service-user", service_user,
+                   "whose /etc/subuid range sandboxes use; the registry fetcher runs as it");
     app.add_option("--registries-conf", registries_conf, "registry mirrors and rewrites");
     app.add_option("--auth-file", auth_file, "registry credentials of the system");
     images::ImageLimits limits;
@@ -110,7 +118,15 @@ int main(int argc, char** argv) {
         store->set_unpacker(images_service::isolated_unpacker(
             std::filesystem::read_symlink("/proc/self/exe").string(), mapping));
         store->set_limits(limits);
-        pulling = images_service::make_pulling(*store, registries_conf, auth_file);
+        images_service::FetcherSpec fetcher;
+        fetcher.binary = std::filesystem::read_symlink("/proc/self/exe").string();
+        fetcher.uid = pw->pw_uid;
+        fetcher.gid = pw->pw_gid;
+        fetcher.hidden_dirs = {state_dir};
+        if (!runtime_dir.empty()) fetcher.hidden_dirs.push_back(runtime_dir);
+        fetcher.registries_conf = registries_conf;
+        fetcher.auth_file = auth_file;
+        pulling = images_service::make_pulling(*store, std::move(fetcher));
         // Before any thread starts (capabilities and filters are per thread; threads made
         // later inherit them).
         ns::confine_process(images_capabilities(), ns::SeccompProgram::service_profile());

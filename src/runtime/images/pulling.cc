@@ -1,6 +1,7 @@
 #include "runtime/images/pulling.h"
 
 #include "rootfs-tools/puller.h"
+#include "runtime/images/fetcher.h"
 
 namespace berth::images_service {
 
@@ -41,21 +42,16 @@ v1::ImageProgress::Kind kind_of(images::PullEvent::Kind k) {
 
 }  // namespace
 
-Pulling make_pulling(images::ImageStore& store, std::string registries_conf,
-                     std::string auth_file) {
+Pulling make_pulling(images::ImageStore& store, FetcherSpec fetcher) {
     Pulling p;
-    p.pull = [&store, registries_conf, auth_file](
-                 const v1::PullImage& request,
-                 const std::function<void(const v1::ImageProgress&)>& progress,
-                 const std::atomic<bool>& cancel) -> images::Image {
+    p.pull = [&store, fetcher](const v1::PullImage& request,
+                               const std::function<void(const v1::ImageProgress&)>& progress,
+                               const std::atomic<bool>& cancel) -> images::Image {
         const images::Reference ref = images::parse_reference(request.reference());
         images::PullOptions options;
         options.cancel = &cancel;
         if (!request.platform().empty()) options.platform = parse_platform(request.platform());
         try {
-            if (!request.auth_config().empty())
-                options.auth =
-                    images::AuthConfig::parse(request.auth_config(), "the client's credentials");
             options.progress = [&](const images::PullEvent& e) {
                 v1::ImageProgress out;
                 out.set_kind(kind_of(e.kind));
@@ -65,8 +61,8 @@ Pulling make_pulling(images::ImageStore& store, std::string registries_conf,
                 out.set_message(e.message);
                 progress(out);
             };
-            images::Puller puller(store, images::RegistriesConfig::load(registries_conf),
-                                  images::AuthConfig::load(auth_file));
+            // The client's credentials go to the fetcher as they came: it parses them.
+            images::Puller puller(store, fetcher_sessions(fetcher, request.auth_config()));
             return puller.pull(ref, options);
         } catch (const images::RegistryAuthError& e) {
             throw PullFailed(v1::PERMISSION_DENIED, e.what());

@@ -1,0 +1,41 @@
+// The registry fetcher: berth-images' pulls read registries through it, so the root process
+// parses nothing a registry sends. One fetcher per pull, started by the root side
+// (fetcher_sessions) and talked to over a socketpair (proto/berth/v1/fetch.proto):
+//  - it runs as berthd's user, with no capability (bounding set included), no_new_privs and
+//    SeccompProgram::worker_profile(network=true) (sockets, threads; no new process, no
+//    ptrace, no mount);
+//  - in a pid namespace of its own (it is pid 1 there: berthd and the sandboxes, which
+//    share its uid or not, are out of its sight and reach) and a mount namespace of its own
+//    in which berth's state and runtime directories are empty read-only tmpfs: it cannot
+//    reach berthd's sockets, sandboxes' init sockets or the store;
+//  - it reads registries.conf and the credentials as bytes berth-images read for it, and
+//    the client's credentials as the client sent them; it parses them.
+// What it answers is checked by the puller as a registry's answers are: documents by
+// digest, blobs by hashing them into the store as they arrive.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "rootfs-tools/registry_session.h"
+
+namespace berth::images_service {
+
+struct FetcherSpec {
+    std::string binary;  // berth-images itself (started again with --fetch-worker)
+    uid_t uid = 0;       // berthd's user
+    gid_t gid = 0;
+    std::vector<std::string> hidden_dirs;    // empty in its mount namespace (state, runtime)
+    std::string registries_conf, auth_file;  // read again for every pull
+};
+
+// Sessions that each start a fetcher; `client_auth` is the client's credentials JSON (empty:
+// none), handed on unparsed.
+images::SessionFactory fetcher_sessions(FetcherSpec spec, std::string client_auth);
+
+// The fetcher's main(): berth-images started with --fetch-worker (fd 3: the channel).
+int fetcher_main();
+
+}  // namespace berth::images_service
