@@ -46,15 +46,21 @@ std::string annotation(const json& entry, const char* key) {
 // (or, after a crash, by the next BlobStore's sweep).
 class ScratchArchive {
   public:
-    ScratchArchive(BlobStore& blobs, const std::string& store_root, int in, int cancel_fd,
+    ScratchArchive(BlobStore& blobs, const std::string& store_root,
+                   const ArchiveExtractor& extractor, int in, int cancel_fd,
                    const std::string& label)
         : dir_(blobs.make_scratch_dir("import")) {
-        transfer::ExtractOptions x;
-        x.cancel_fd = cancel_fd;
-        transfer::extract_archive(in, transfer::Root::open(store_root),
-                                  dir_.path.substr(store_root.size() + 1), x);
-        UniqueFd dir(::open(dir_.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-        if (!dir) throw_sys("open", dir_.path);
+        const std::string dest = dir_.path + "/archive";
+        if (extractor) {
+            extractor(in, cancel_fd, dest);
+        } else {
+            transfer::ExtractOptions x;
+            x.cancel_fd = cancel_fd;
+            transfer::extract_archive(in, transfer::Root::open(store_root),
+                                      dest.substr(store_root.size() + 1), x);
+        }
+        UniqueFd dir(::open(dest.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+        if (!dir) throw_sys("open", dest);
         source_.emplace(std::move(dir), label);
     }
     const SourceDir& source() const { return *source_; }
@@ -90,7 +96,7 @@ Image ImageStore::import_oci_layout(const std::string& dir, const Reference& nam
 Image ImageStore::import_docker_archive(const std::string& archive, const Reference& name) {
     UniqueFd in(::open(archive.c_str(), O_RDONLY | O_CLOEXEC));
     if (!in) throw_sys("open", archive);
-    ScratchArchive scratch(blobs_, root_, in.get(), -1, archive);
+    ScratchArchive scratch(blobs_, root_, archive_extractor_, in.get(), -1, archive);
     return import_docker_from(scratch.source(), name);
 }
 
@@ -111,7 +117,7 @@ Image ImageStore::import_fd(int fd, const std::optional<Reference>& name,
     }
     if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))
         throw_sys("read", options.label + " (neither a tar file nor a directory)", EINVAL);
-    ScratchArchive scratch(blobs_, root_, fd, options.cancel_fd, options.label);
+    ScratchArchive scratch(blobs_, root_, archive_extractor_, fd, options.cancel_fd, options.label);
     if (scratch.source().has("oci-layout"))
         return import_layout_from(scratch.source(), name, std::nullopt);
     if (scratch.source().has("manifest.json")) return import_docker_from(scratch.source(), name);

@@ -61,6 +61,12 @@ struct RemoveResult {
 using Unpacker = std::function<UnpackResult(int blob_fd, Compression compression,
                                             const std::string& dest, const UnpackOptions& options)>;
 
+// What extracts an image archive (a docker-archive or an OCI layout as a tar, read from `in`
+// until its end or until `cancel_fd` is readable) into the new directory `dest`, strictly
+// (transfer's extractor: nothing outside `dest`, no device, owners its own). berth-images
+// gives the store one that runs it in the unpack worker; without one it runs here.
+using ArchiveExtractor = std::function<void(int in, int cancel_fd, const std::string& dest)>;
+
 // The on-disk format of the store. 2: opaque directories are marked `user.overlay.opaque`
 // (what a user namespace can write; the overlay is mounted with `userxattr`) and layers hold
 // no device nodes. A store of format 1 (trusted.overlay.opaque, written as root) is
@@ -146,6 +152,8 @@ class ImageStore {
 
     // Replaces how layers are unpacked (before any import or pull starts).
     void set_unpacker(Unpacker unpacker) { unpacker_ = std::move(unpacker); }
+    // Replaces how import archives are extracted (before any import starts).
+    void set_archive_extractor(ArchiveExtractor x) { archive_extractor_ = std::move(x); }
     // The bounds from here on (the defaults until called).
     void set_limits(const ImageLimits& limits) { limits_ = limits; }
     const ImageLimits& limits() const { return limits_; }
@@ -187,6 +195,7 @@ class ImageStore {
     std::string root_;
     uint32_t uid_shift_, gid_shift_;
     Unpacker unpacker_;
+    ArchiveExtractor archive_extractor_;
     ImageLimits limits_;
     BlobStore blobs_;
     mutable std::mutex mu_;         // images.json read-modify-write

@@ -12,9 +12,12 @@ namespace berth {
 class SysError : public std::runtime_error {
   public:
     SysError(std::string_view call, std::string_view subject, int err);
+    // One that another process raised and described (its what() and errno, relayed).
+    static SysError relayed(const std::string& what, int err) { return SysError(what, err); }
     int code() const { return err_; }
 
   private:
+    SysError(const std::string& what, int err) : std::runtime_error(what), err_(err) {}
     int err_;
 };
 

@@ -145,3 +145,49 @@ def test_the_unpack_worker_has_no_capability_on_the_host(daemon, tmp_path):
     big = [d for d in dirs if (d / "big.bin").exists()]
     assert big and (big[0] / "big.bin").stat().st_uid == HOST_ROOT_UID
     daemon.cli_ok("rmi", "it/priv:1")
+
+
+def test_an_import_archive_is_read_by_the_unprivileged_worker(daemon, tmp_path):
+    """The tar a client imports (here through a fifo, half written) is extracted by the unpack
+    worker in its user namespace, not by berth-images' root part: caught while it waits for
+    the rest of the stream."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_images import big_layout_tar
+    data = big_layout_tar(tmp_path, 2).read_bytes()
+    fifo = tmp_path / "archive.fifo"
+    os.mkfifo(fifo)
+    os.chmod(tmp_path, 0o755)
+    proc = subprocess.Popen([str(BERTH), "image", "import", str(fifo), "--name", "it/archive:1"],
+                            env=dict(os.environ, BERTH_SOCKET=daemon.socket),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with open(fifo, "wb") as w:  # (opens once the CLI has opened it for reading)
+            w.write(data[: len(data) // 2])
+            w.flush()
+            seen = None
+            deadline = time.monotonic() + 60
+            while seen is None and time.monotonic() < deadline:
+                for pid in hostutil.children(daemon.images_pid):
+                    try:
+                        if (open(f"/proc/{pid}/comm").read().strip() == "berth-unpack" and
+                                os.readlink(f"/proc/{pid}/fd/4") == str(fifo)):
+                            seen = pid
+                            break
+                    except OSError:
+                        pass
+                time.sleep(0.01)
+            assert seen, "no worker read the archive"
+            st = status(seen)
+            assert os.readlink(f"/proc/{seen}/ns/user") != os.readlink("/proc/self/ns/user")
+            assert st["Uid"].split() == [str(HOST_ROOT_UID)] * 4, st["Uid"]
+            for key in ("CapBnd", "CapPrm", "CapEff"):
+                assert int(st[key], 16) == mask(WORKER_CAPS), f"{key} {st[key]}"
+            assert st["NoNewPrivs"] == "1" and st["Seccomp"] == "2"
+            w.write(data[len(data) // 2:])
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    daemon.cli_ok("rmi", "it/archive:1")

@@ -115,11 +115,12 @@ int main(int argc, char** argv) {
         check_sys("chmod", state_dir, [&] { return ::chmod(state_dir.c_str(), 0700); });
         store = std::make_unique<images::ImageStore>(state_dir + "/images", mapping.uids.host_start,
                                                      mapping.gids.host_start);
-        store->set_unpacker(images_service::isolated_unpacker(
-            std::filesystem::read_symlink("/proc/self/exe").string(), mapping));
+        const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+        store->set_unpacker(images_service::isolated_unpacker(self, mapping));
+        store->set_archive_extractor(images_service::isolated_archive_extractor(self, mapping));
         store->set_limits(limits);
         images_service::FetcherSpec fetcher;
-        fetcher.binary = std::filesystem::read_symlink("/proc/self/exe").string();
+        fetcher.binary = self;
         fetcher.uid = pw->pw_uid;
         fetcher.gid = pw->pw_gid;
         fetcher.hidden_dirs = {state_dir};

@@ -20,13 +20,15 @@
 #include "ns/security.h"
 #include "rootfs-tools/decompress.h"
 #include "runtime/wire/frame.h"
+#include "transfer/archive.h"
+#include "transfer/root.h"
 #include "unpack.pb.h"
 
 namespace berth::images_service {
 
 namespace {
 
-constexpr int kChannelFd = 3, kBlobFd = 4, kScratchFd = 5;
+constexpr int kChannelFd = 3, kBlobFd = 4, kScratchFd = 5, kCancelFd = 6;
 constexpr uint32_t kMaxResult = 1 << 20;
 
 v1::unpack::Compression to_wire(images::Compression c) {
@@ -53,7 +55,7 @@ bool read_byte(int fd, char* c) {
 
 // The forked child, up to execve: only async-signal-safe calls (berth-images has threads).
 [[noreturn]] void exec_worker(int binary, int channel, int parent_end, int blob, int scratch,
-                              pid_t parent) {
+                              int cancel, pid_t parent) {
     // Our copy of berth-images' end would keep the handshake from ever seeing it go.
     ::close(parent_end);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -69,11 +71,11 @@ bool read_byte(int fd, char* c) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(124);
     // Fixed numbers, out of each other's way first.
-    constexpr int kBinaryFd = kScratchFd + 1;
+    constexpr int kBinaryFd = kCancelFd + 1;
     if (::dup2(channel, 100) < 0 || ::dup2(blob, 101) < 0 || ::dup2(scratch, 102) < 0 ||
-        ::dup2(binary, 103) < 0 || ::dup2(100, kChannelFd) < 0 || ::dup2(101, kBlobFd) < 0 ||
-        ::dup2(102, kScratchFd) < 0 || ::dup2(103, kBinaryFd) < 0 ||
-        ::fcntl(kBinaryFd, F_SETFD, FD_CLOEXEC) != 0)
+        ::dup2(binary, 103) < 0 || ::dup2(cancel, 104) < 0 || ::dup2(100, kChannelFd) < 0 ||
+        ::dup2(101, kBlobFd) < 0 || ::dup2(102, kScratchFd) < 0 || ::dup2(104, kCancelFd) < 0 ||
+        ::dup2(103, kBinaryFd) < 0 || ::fcntl(kBinaryFd, F_SETFD, FD_CLOEXEC) != 0)
         ::_exit(125);
     ::syscall(SYS_close_range, kBinaryFd + 1, ~0U, 0);
     char arg0[] = "berth-unpack", arg1[] = "--unpack-worker";
@@ -84,9 +86,11 @@ bool read_byte(int fd, char* c) {
     ::_exit(127);
 }
 
-images::UnpackResult run_worker(const std::string& binary, const ns::IdMapping& mapping,
-                                int blob_fd, images::Compression compression,
-                                const std::string& dest, const images::UnpackOptions& options) {
+// Runs one worker on `job`: `in_fd` is what it reads (a blob, an archive), `cancel_fd` its
+// fd 6 (-1: none). Returns what it unpacked, once its directory is at `dest`.
+v1::unpack::Unpacked run_worker(const std::string& binary, const ns::IdMapping& mapping, int in_fd,
+                                int cancel_fd, const std::string& dest,
+                                const v1::unpack::Job& job) {
     namespace fs = std::filesystem;
     const fs::path final_path(dest);
     const std::string scratch =
@@ -116,10 +120,18 @@ images::UnpackResult run_worker(const std::string& binary, const ns::IdMapping& 
     UniqueFd ours(pair[0]), theirs(pair[1]);
     UniqueFd binary_fd(
         check_sys("open", binary, [&] { return ::open(binary.c_str(), O_PATH | O_CLOEXEC); }));
+    // Without a cancel fd, one that never becomes readable.
+    UniqueFd never;
+    if (cancel_fd < 0) {
+        never.reset(check_sys("open", "/dev/null",
+                              [] { return ::open("/dev/null", O_WRONLY | O_CLOEXEC); }));
+        cancel_fd = never.get();
+    }
     const pid_t parent = ::getpid();
     const pid_t pid = check_sys("fork", "unpack worker", [] { return ::fork(); });
     if (pid == 0)
-        exec_worker(binary_fd.get(), theirs.get(), ours.get(), blob_fd, scratch_fd.get(), parent);
+        exec_worker(binary_fd.get(), theirs.get(), ours.get(), in_fd, scratch_fd.get(), cancel_fd,
+                    parent);
     theirs.reset();
     struct Reap {
         pid_t pid;
@@ -156,13 +168,6 @@ images::UnpackResult run_worker(const std::string& binary, const ns::IdMapping& 
     c = 'g';
     if (::write(ours.get(), &c, 1) != 1) throw died("went away");
 
-    v1::unpack::Job job;
-    job.set_compression(to_wire(compression));
-    if (options.diff_id) job.set_diff_id(options.diff_id->str());
-    job.set_label(dest);
-    job.set_max_bytes(options.max_bytes);
-    job.set_max_entries(options.max_entries);
-    job.set_limit_hint(options.limit_hint);
     try {
         wire::write_frame(ours.get(), job);
     } catch (const std::exception&) {
@@ -182,23 +187,18 @@ images::UnpackResult run_worker(const std::string& binary, const ns::IdMapping& 
                 throw images::ManifestError(f.message());
             case v1::unpack::TOO_LARGE:
                 throw images::LayerTooLarge(f.message());
-            default:  // SYSTEM's message names the call, the subject and errno
+            case v1::unpack::SYSTEM:  // its message names the call, the subject and errno
+                if (f.errno_value() > 0) throw SysError::relayed(f.message(), f.errno_value());
+                throw std::runtime_error(f.message());
+            case v1::unpack::REFUSED:
+                throw std::invalid_argument(f.message());
+            default:
                 throw std::runtime_error(f.message());
         }
     }
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) throw died("failed after answering");
     if (!result.has_unpacked())
         throw std::runtime_error("the unpack worker for " + dest + " answered nothing");
-    const auto& u = result.unpacked();
-    images::UnpackResult out;
-    out.diff_id = images::Digest::parse(u.diff_id());
-    if (options.diff_id && out.diff_id != *options.diff_id)
-        throw images::ManifestError(dest + ": the unpack worker reports diff_id " + u.diff_id() +
-                                    ", the config says " + options.diff_id->str());
-    out.entries = u.entries();
-    out.bytes = u.bytes();
-    out.warnings.assign(u.warnings().begin(), u.warnings().end());
-
     // The worker is gone and could leave no process behind (its filter allows threads
     // only): what it left cannot change under us. It must be a directory, not a link
     // somewhere else that the overlay would follow.
@@ -211,6 +211,29 @@ images::UnpackResult run_worker(const std::string& binary, const ns::IdMapping& 
     if (rc != 0 && errno == EINVAL)
         rc = ::renameat(scratch_fd.get(), "layer", AT_FDCWD, dest.c_str());
     if (rc != 0) throw_sys("rename", dest);
+    return result.unpacked();
+}
+
+images::UnpackResult unpack_in_worker(const std::string& binary, const ns::IdMapping& mapping,
+                                      int blob_fd, images::Compression compression,
+                                      const std::string& dest,
+                                      const images::UnpackOptions& options) {
+    v1::unpack::Job job;
+    job.set_compression(to_wire(compression));
+    if (options.diff_id) job.set_diff_id(options.diff_id->str());
+    job.set_label(dest);
+    job.set_max_bytes(options.max_bytes);
+    job.set_max_entries(options.max_entries);
+    job.set_limit_hint(options.limit_hint);
+    const v1::unpack::Unpacked u = run_worker(binary, mapping, blob_fd, -1, dest, job);
+    images::UnpackResult out;
+    out.diff_id = images::Digest::parse(u.diff_id());
+    if (options.diff_id && out.diff_id != *options.diff_id)
+        throw images::ManifestError(dest + ": the unpack worker reports diff_id " + u.diff_id() +
+                                    ", the config says " + options.diff_id->str());
+    out.entries = u.entries();
+    out.bytes = u.bytes();
+    out.warnings.assign(u.warnings().begin(), u.warnings().end());
     return out;
 }
 
@@ -231,7 +254,17 @@ images::Unpacker isolated_unpacker(std::string binary, ns::IdMapping mapping) {
     return [binary = std::move(binary), mapping](int blob_fd, images::Compression compression,
                                                  const std::string& dest,
                                                  const images::UnpackOptions& options) {
-        return run_worker(binary, mapping, blob_fd, compression, dest, options);
+        return unpack_in_worker(binary, mapping, blob_fd, compression, dest, options);
+    };
+}
+
+images::ArchiveExtractor isolated_archive_extractor(std::string binary, ns::IdMapping mapping) {
+    return [binary = std::move(binary), mapping](int in, int cancel_fd, const std::string& dest) {
+        v1::unpack::Job job;
+        job.set_compression(v1::unpack::NONE);
+        job.set_label(dest);
+        job.set_archive(true);
+        run_worker(binary, mapping, in, cancel_fd, dest, job);
     };
 }
 
@@ -271,12 +304,24 @@ int unpack_worker_main() {
         o.max_entries = job.max_entries();
         o.limit_hint = job.limit_hint();
         check_sys("fchdir", "scratch", [] { return ::fchdir(kScratchFd); });
-        const images::UnpackResult r = images::unpack_layer(kBlobFd, compression, "./layer", o);
-        auto* u = result.mutable_unpacked();
-        u->set_diff_id(r.diff_id.str());
-        u->set_entries(r.entries);
-        u->set_bytes(r.bytes);
-        for (const auto& w : r.warnings) u->add_warnings(w);
+        if (job.archive()) {
+            // Owners its own (the namespace's root), nothing outside ./layer, no device.
+            transfer::ExtractOptions x;
+            x.cancel_fd = kCancelFd;
+            const transfer::Summary s =
+                transfer::extract_archive(kBlobFd, transfer::Root::open("."), "layer", x);
+            auto* u = result.mutable_unpacked();
+            u->set_entries(s.entries);
+            u->set_bytes(s.bytes);
+            for (const auto& w : s.warnings) u->add_warnings(w);
+        } else {
+            const images::UnpackResult r = images::unpack_layer(kBlobFd, compression, "./layer", o);
+            auto* u = result.mutable_unpacked();
+            u->set_diff_id(r.diff_id.str());
+            u->set_entries(r.entries);
+            u->set_bytes(r.bytes);
+            for (const auto& w : r.warnings) u->add_warnings(w);
+        }
     } catch (const images::DecompressError& e) {
         fail(v1::unpack::DECOMPRESS, e.what());
     } catch (const images::ManifestError& e) {

@@ -25,6 +25,10 @@ const std::vector<std::string>& unpack_worker_capabilities();
 // namespace shifts); rootless form is implied.
 images::Unpacker isolated_unpacker(std::string binary, ns::IdMapping mapping);
 
+// An ArchiveExtractor for ImageStore::set_archive_extractor: an import's archive (the
+// client's tar, as an fd) extracted by the same worker, so no tar stream is read by root.
+images::ArchiveExtractor isolated_archive_extractor(std::string binary, ns::IdMapping mapping);
+
 // The worker's main(): called by berth-images when started with --unpack-worker (fds 3: the
 // channel, 4: the blob, 5: the scratch directory). Returns the exit code.
 int unpack_worker_main();
