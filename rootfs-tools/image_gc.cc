@@ -117,7 +117,7 @@ void ImageStore::collect(const std::vector<Digest>* blob_candidates,
             const Digest d = todo[i];
             needed.blobs.insert(d.str());
             if (!blobs_.has(d)) continue;
-            auto doc = parse_manifest_or_index(berth::read_file(blobs_.path(d)));
+            auto doc = parser_->document(berth::read_file(blobs_.path(d)), "");
             if (const Index* index = std::get_if<Index>(&doc)) {
                 for (const auto& m : index->manifests)
                     if (blobs_.has(m.digest)) todo.push_back(m.digest);
@@ -128,7 +128,7 @@ void ImageStore::collect(const std::vector<Digest>* blob_candidates,
             for (const auto& l : m.layers) needed.blobs.insert(l.blob.digest.str());
             if (blobs_.has(m.config.digest)) {
                 for (const auto& diff_id :
-                     parse_config(berth::read_file(blobs_.path(m.config.digest))).diff_ids)
+                     parser_->config(berth::read_file(blobs_.path(m.config.digest))).diff_ids)
                     needed.layers.insert(diff_id.str());
                 if (known) *known = true;
             }
@@ -202,13 +202,14 @@ RemoveResult ImageStore::remove(const Image& image, const std::vector<InUse>& in
     result.untagged.push_back(image.name);
     std::vector<Digest> blobs{image.manifest, image.config};
     if (blobs_.has(image.manifest)) {
-        auto doc = parse_manifest_or_index(berth::read_file(blobs_.path(image.manifest)));
+        auto doc = parser_->document(berth::read_file(blobs_.path(image.manifest)), "");
         std::vector<Manifest> manifests;
         if (const Index* index = std::get_if<Index>(&doc)) {
             for (const auto& m : index->manifests) {
                 if (!blobs_.has(m.digest)) continue;
                 blobs.push_back(m.digest);
-                auto child = parse_manifest_or_index(berth::read_file(blobs_.path(m.digest)));
+                auto child =
+                    parser_->document(berth::read_file(blobs_.path(m.digest)), m.media_type);
                 if (const Manifest* cm = std::get_if<Manifest>(&child)) manifests.push_back(*cm);
             }
         } else {

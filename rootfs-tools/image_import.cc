@@ -27,21 +27,6 @@ namespace {
 // memory on its word.
 constexpr uint64_t kMaxDocument = 16u << 20;
 
-json parse_json(const std::string& text, const std::string& what) {
-    try {
-        return json::parse(text);
-    } catch (const json::exception& e) {  // parse_error, or out_of_range for 1e999
-        throw ManifestError(what + ": not JSON (" + e.what() + ")");
-    }
-}
-
-std::string annotation(const json& entry, const char* key) {
-    if (!entry.is_object() || !entry.contains("annotations") || !entry["annotations"].is_object())
-        return "";
-    const json& a = entry["annotations"];
-    return a.contains(key) && a[key].is_string() ? a[key].get<std::string>() : "";
-}
-
 // A tar extracted into one of the store's scratch directories, removed with this object
 // (or, after a crash, by the next BlobStore's sweep).
 class ScratchArchive {
@@ -128,9 +113,8 @@ Image ImageStore::import_fd(int fd, const std::optional<Reference>& name,
 
 Image ImageStore::import_layout_from(const SourceDir& src, const std::optional<Reference>& name,
                                      std::optional<std::string> tag) {
-    const json layout = parse_json(src.read_file("oci-layout"), src.where("oci-layout"));
-    if (!layout.is_object() || layout.value("imageLayoutVersion", json()) != "1.0.0")
-        throw ManifestError(src.label() + ": not an OCI image layout 1.0.0 (oci-layout)");
+    // Every document here is parsed by the store's parser (document_parser.h), not here.
+    parser_->check_oci_layout(src.read_file("oci-layout"), src.where("oci-layout"));
     auto copy_blob = [&](const Descriptor& d) {
         if (blobs_.has(d.digest)) return;
         UniqueFd fd = src.open_file("blobs/sha256/" + std::string(d.digest.hex()));
@@ -145,20 +129,18 @@ Image ImageStore::import_layout_from(const SourceDir& src, const std::optional<R
     };
 
     // index.json is an index itself (not content addressed): pick the entry.
-    const std::string index_text = src.read_file("index.json");
-    auto top = parse_manifest_or_index(index_text, media::kOciIndex);
-    if (!std::holds_alternative<Index>(top))
-        throw ManifestError(src.where("index.json") + ": not an index");
-    const json index_json = parse_json(index_text, src.where("index.json"));
-    const Index& index = std::get<Index>(top);
+    const LayoutIndex layout =
+        parser_->layout_index(src.read_file("index.json"), src.where("index.json"));
+    const Index& index = layout.index;
+    if (layout.names.size() != index.manifests.size())
+        throw ManifestError(src.where("index.json") + ": the parser lost its entries' names");
     const Descriptor* chosen = nullptr;
     std::optional<Reference> recorded;  // the name the layout gives the chosen manifest
     std::string names;                  // what it has, for the message when none fits
     for (size_t i = 0; i < index.manifests.size(); ++i) {
-        const json& entry = index_json["manifests"][i];
-        const std::string ref_name = annotation(entry, "org.opencontainers.image.ref.name");
+        const std::string& ref_name = layout.names[i].ref_name;
         if (!ref_name.empty()) names += (names.empty() ? "" : ", ") + ref_name;
-        const std::string full_name = annotation(entry, "io.containerd.image.name");
+        const std::string& full_name = layout.names[i].image_name;
         // A full reference in either annotation names the image; a bare tag only tags it.
         std::optional<Reference> named;
         for (const std::string& text : {full_name, ref_name}) {
@@ -199,15 +181,15 @@ Image ImageStore::import_layout_from(const SourceDir& src, const std::optional<R
                             "at most a tag): give one to record it under");
     }
     Descriptor manifest_desc = *chosen;
-    auto doc = parse_manifest_or_index(load(manifest_desc), manifest_desc.media_type);
+    auto doc = parser_->document(load(manifest_desc), manifest_desc.media_type);
     if (std::holds_alternative<Index>(doc)) {  // a multi-platform image
         manifest_desc = select_manifest(std::get<Index>(doc));
-        doc = parse_manifest_or_index(load(manifest_desc), manifest_desc.media_type);
+        doc = parser_->document(load(manifest_desc), manifest_desc.media_type);
         if (!std::holds_alternative<Manifest>(doc))
             throw ManifestError(src.label() + ": an index inside an index inside an index");
     }
     const Manifest& manifest = std::get<Manifest>(doc);
-    const ImageConfig config = parse_config(load(manifest.config));
+    const ImageConfig config = parser_->config(load(manifest.config));
     if (config.diff_ids.size() != manifest.layers.size()) {
         throw ManifestError(src.label() + ": the manifest has " +
                             std::to_string(manifest.layers.size()) + " layers, its config " +
@@ -218,20 +200,12 @@ Image ImageStore::import_layout_from(const SourceDir& src, const std::optional<R
 }
 
 Image ImageStore::import_docker_from(const SourceDir& src, const std::optional<Reference>& name) {
-    const json list = parse_json(src.read_file("manifest.json"), src.where("manifest.json"));
-    if (!list.is_array() || list.empty())
-        throw ManifestError(src.where("manifest.json") + ": lists no image");
-    auto tags_of = [](const json& e) {
-        std::vector<std::string> tags;
-        if (e.is_object() && e.contains("RepoTags") && e["RepoTags"].is_array())
-            for (const auto& t : e["RepoTags"])
-                if (t.is_string()) tags.push_back(t.get<std::string>());
-        return tags;
-    };
-    const json* entry = list.size() == 1 ? &list[0] : nullptr;
+    const std::vector<DockerArchiveEntry> list =
+        parser_->docker_manifest(src.read_file("manifest.json"), src.where("manifest.json"));
+    const DockerArchiveEntry* entry = list.size() == 1 ? &list[0] : nullptr;
     if (name) {
         for (const auto& e : list) {
-            for (const auto& t : tags_of(e)) {
+            for (const auto& t : e.repo_tags) {
                 try {
                     if (t == name->familiar() || parse_reference(t) == *name) entry = &e;
                 } catch (const std::invalid_argument&) {
@@ -244,34 +218,28 @@ Image ImageStore::import_docker_from(const SourceDir& src, const std::optional<R
                             " images and " +
                             (name ? "none is " + name->familiar() : "no name to choose one by"));
     }
-    if (!entry->is_object()) throw ManifestError(src.where("manifest.json") + ": not an object");
     std::optional<Reference> recorded = name;
     if (!recorded) {
-        const auto tags = tags_of(*entry);
-        if (tags.empty())
+        if (entry->repo_tags.empty())
             throw ManifestError(src.label() +
                                 ": the image has no RepoTags: give a name to record it under");
         try {
-            recorded = parse_reference(tags.front());
+            recorded = parse_reference(entry->repo_tags.front());
         } catch (const std::invalid_argument& e) {
-            throw ManifestError(src.label() + ": its RepoTags name " + tags.front() + ": " +
-                                e.what());
+            throw ManifestError(src.label() + ": its RepoTags name " + entry->repo_tags.front() +
+                                ": " + e.what());
         }
     }
     // Paths named by manifest.json are read beneath the archive, never through a symlink.
-    auto member = [&](const json& v, const char* what) {
-        if (!v.is_string())
-            throw ManifestError(src.where("manifest.json") + ": " + what + " is not a path");
-        const std::string rel = v.get<std::string>();
+    auto member = [&](const std::string& rel, const char* what) {
         if (rel.empty() || rel[0] == '/' || ("/" + rel + "/").find("/../") != std::string::npos)
             throw ManifestError(src.where("manifest.json") + ": " + what + " names " + rel +
                                 " outside the archive");
         return rel;
     };
 
-    const std::string config_text =
-        src.read_file(member(entry->value("Config", json()), "Config"), kMaxDocument);
-    const ImageConfig config = parse_config(config_text);
+    const std::string config_text = src.read_file(member(entry->config, "Config"), kMaxDocument);
+    const ImageConfig config = parser_->config(config_text);
     Manifest manifest{std::string(media::kDockerManifest),
                       {std::string(media::kDockerConfig), blobs_.put_bytes(config_text),
                        config_text.size(), std::nullopt},
@@ -283,10 +251,7 @@ Image ImageStore::import_docker_from(const SourceDir& src, const std::optional<R
                             {"size", config_text.size()},
                             {"digest", manifest.config.digest.str()}}},
                           {"layers", json::array()}};
-    const json layers = entry->value("Layers", json::array());
-    if (!layers.is_array())
-        throw ManifestError(src.where("manifest.json") + ": Layers is not a list");
-    for (const auto& l : layers) {
+    for (const auto& l : entry->layers) {
         const std::string rel = member(l, "Layers");
         // docker save writes plain tars; other tools gzip or zstd them: the magic says. One
         // pass: the blob is named by what it hashes to.

@@ -261,12 +261,12 @@ void ImageStore::export_oci_layout(const Image& image, const std::string& dir,
     // of the platform that was pulled (the one whose config is the image's).
     Digest manifest_digest = image.manifest;
     std::string manifest_text = read_file(blobs_.path(manifest_digest));
-    auto doc = parse_manifest_or_index(manifest_text);
+    auto doc = parser_->document(manifest_text, "");
     if (const Index* index = std::get_if<Index>(&doc)) {
         for (const auto& d : index->manifests) {
             if (!blobs_.has(d.digest)) continue;
             std::string text = read_file(blobs_.path(d.digest));
-            auto m = parse_manifest_or_index(text, d.media_type);
+            auto m = parser_->document(text, d.media_type);
             if (std::holds_alternative<Manifest>(m) &&
                 std::get<Manifest>(m).config.digest == image.config) {
                 manifest_digest = d.digest;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "rootfs-tools/blob_store.h"
+#include "rootfs-tools/document_parser.h"
 #include "rootfs-tools/layer.h"
 #include "rootfs-tools/manifest.h"
 #include "rootfs-tools/reference.h"
@@ -152,6 +154,9 @@ class ImageStore {
 
     // Replaces how layers are unpacked (before any import or pull starts).
     void set_unpacker(Unpacker unpacker) { unpacker_ = std::move(unpacker); }
+    // Replaces what parses the image documents the store reads (before anything starts).
+    void set_parser(std::shared_ptr<DocumentParser> parser) { parser_ = std::move(parser); }
+    DocumentParser& parser() { return *parser_; }
     // Replaces how import archives are extracted (before any import starts).
     void set_archive_extractor(ArchiveExtractor x) { archive_extractor_ = std::move(x); }
     // The bounds from here on (the defaults until called).
@@ -196,6 +201,7 @@ class ImageStore {
     uint32_t uid_shift_, gid_shift_;
     Unpacker unpacker_;
     ArchiveExtractor archive_extractor_;
+    std::shared_ptr<DocumentParser> parser_ = std::make_shared<LocalDocumentParser>();
     ImageLimits limits_;
     BlobStore blobs_;
     mutable std::mutex mu_;         // images.json read-modify-write

@@ -191,3 +191,51 @@ def test_an_import_archive_is_read_by_the_unprivileged_worker(daemon, tmp_path):
             proc.kill()
             proc.wait()
     daemon.cli_ok("rmi", "it/archive:1")
+
+
+def _descendants(pid: int) -> list:
+    out, todo = [], [pid]
+    while todo:
+        for c in hostutil.children(todo.pop()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def test_image_documents_are_parsed_by_an_unprivileged_worker(daemon, tmp_path):
+    """The JSON of an import (oci-layout, index.json, manifests, configs) and of the store's
+    own documents (inspect: a sandbox's run settings) is parsed by berth-images' parse worker:
+    berthd's user, no capability in any set, no_new_privs, a filter without sockets, its own
+    pid and mount namespaces. One worker serves them all, and a new one replaces it if it
+    dies."""
+    import pwd
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_images import big_layout_tar
+    tar = big_layout_tar(tmp_path, 1)
+    daemon.cli_ok("image", "import", str(tar), "--name", "it/parse:1")
+    try:
+        def parsers():
+            return [p for p in _descendants(daemon.images_pid) if hostutil.comm(p) == "berth-parse"]
+        found = parsers()
+        assert len(found) == 1, found
+        pid = found[0]
+        berth = pwd.getpwnam("berth")
+        st = status(pid)
+        assert st["Uid"].split() == [str(berth.pw_uid)] * 4, st["Uid"]
+        assert st["Groups"] == "", st["Groups"]
+        for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert int(st[key], 16) == 0, f"{key} {st[key]}"
+        assert st["NoNewPrivs"] == "1" and st["Seccomp"] == "2"
+        assert st["NSpid"].split()[-1] == "1", st["NSpid"]
+        assert os.listdir(f"/proc/{pid}/root{daemon.state_dir}") == []
+        # Inspect parses the stored config through the same worker.
+        assert "it/parse:1" in daemon.cli_ok("image", "inspect", "it/parse:1")
+        assert parsers() == [pid]
+        # Killed (as a crash would): the next document gets a new worker.
+        os.kill(pid, signal.SIGKILL)
+        hostutil.wait_for(lambda: not hostutil.pid_alive(pid), 10, what="the parse worker to die")
+        assert "it/parse:1" in daemon.cli_ok("image", "inspect", "it/parse:1")
+        again = parsers()
+        assert len(again) == 1 and again[0] != pid, again
+    finally:
+        daemon.cli_ok("rmi", "it/parse:1")

@@ -25,6 +25,7 @@
 #include "base/unique_fd.h"
 #include "fetch.pb.h"
 #include "ns/security.h"
+#include "rootfs-tools/document_parser.h"
 #include "rootfs-tools/puller.h"
 #include "runtime/wire/frame.h"
 
@@ -172,7 +173,8 @@ images::ImageConfig from_wire(const fetch::ImageConfig& w) {
 // The forked child, up to execve. berth-images has threads: what runs here keeps to what
 // glibc makes safe after fork (no locks another thread could hold).
 [[noreturn]] void exec_fetcher(int binary, int channel, int parent_end, uid_t uid, gid_t gid,
-                               const std::vector<const char*>& hidden, char** envp, pid_t parent) {
+                               const std::vector<const char*>& hidden, char** envp, bool network,
+                               pid_t parent) {
     ::close(parent_end);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(119);
@@ -217,8 +219,11 @@ images::ImageConfig from_wire(const fetch::ImageConfig& w) {
         ::_exit(129);
     ::syscall(SYS_close_range, kBinaryFd + 1, ~0U, 0);
     if (::chdir("/") != 0) ::_exit(130);
-    char arg0[] = "berth-fetch", arg1[] = "--fetch-worker";
-    char* argv[] = {arg0, arg1, nullptr};
+    char fetch0[] = "berth-fetch", fetch1[] = "--fetch-worker";
+    char parse0[] = "berth-parse", parse1[] = "--parse-worker";
+    char* argv_fetch[] = {fetch0, fetch1, nullptr};
+    char* argv_parse[] = {parse0, parse1, nullptr};
+    char** argv = network ? argv_fetch : argv_parse;
     ::syscall(SYS_execveat, kBinaryFd, "", argv, envp, AT_EMPTY_PATH);
     ::_exit(131);
 }
@@ -241,7 +246,8 @@ std::vector<std::string> fetcher_environment() {
 // and reaped when this goes.
 class FetcherProcess {
   public:
-    explicit FetcherProcess(const FetcherSpec& spec) {
+    // `network`: a pull's fetcher; otherwise a parse worker.
+    FetcherProcess(const FetcherSpec& spec, bool network) {
         int pair[2];
         check_sys("socketpair", "registry fetcher",
                   [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair); });
@@ -262,7 +268,7 @@ class FetcherProcess {
         pid_ = check_sys("fork", "registry fetcher", [] { return ::fork(); });
         if (pid_ == 0) {
             exec_fetcher(binary.get(), theirs.get(), ours.get(), spec.uid, spec.gid, hidden,
-                         envp.data(), parent);
+                         envp.data(), network, parent);
         }
         channel_ = std::move(ours);
     }
@@ -308,123 +314,27 @@ class FetcherProcess {
     std::string status_;
 };
 
-// A pull's registry session through its fetcher: each call is a Request; a reader thread
-// hands each Reply to the call of its id.
-class RemoteSession : public images::RegistrySession {
+// One fetcher or parse worker and its channel: each call is a Request; a reader thread hands
+// each Reply to the call of its id. Thread-safe.
+class Link {
   public:
-    RemoteSession(const FetcherSpec& spec, const std::string& client_auth,
-                  const images::PullOptions& options, std::function<bool()> cancelled)
-        : spec_(spec),
-          client_auth_(client_auth),
-          timings_(options.timings),
+    Link(const FetcherSpec& spec, bool network, std::function<bool()> cancelled)
+        : name_(network ? "the registry fetcher" : "the parse worker"),
           cancelled_(std::move(cancelled)),
-          process_(spec) {
+          process_(spec, network) {
         reader_ = std::thread([this] { read_replies(); });
     }
-    ~RemoteSession() override {
+    ~Link() {
         process_.kill();
         process_.shut_down();
         reader_.join();
     }
+    Link(const Link&) = delete;
+    Link& operator=(const Link&) = delete;
 
-    Resolved resolve(const images::Reference& ref,
-                     const std::function<void(const std::string&)>& retrying) override {
-        fetch::Request r;
-        auto* q = r.mutable_resolve();
-        q->set_reference(ref.str());
-        if (auto text = read_file_if_exists(spec_.registries_conf)) {
-            q->set_registries_conf(*text);
-            q->set_has_registries_conf(true);
-        }
-        q->set_registries_conf_path(spec_.registries_conf);
-        if (auto text = read_file_if_exists(spec_.auth_file)) {
-            q->set_system_auth(*text);
-            q->set_has_system_auth(true);
-        }
-        q->set_system_auth_path(spec_.auth_file);
-        q->set_client_auth(client_auth_);
-        auto* t = q->mutable_timings();
-        t->set_connect_ms(timings_.connect.count());
-        t->set_low_speed_bytes(timings_.low_speed_bytes);
-        t->set_low_speed_time_s(timings_.low_speed_time.count());
-        t->set_max_attempts(timings_.max_attempts);
-        t->set_retry_base_ms(timings_.retry_base.count());
-        const fetch::Reply reply = call(r, [&](const fetch::Reply& partial) {
-            if (partial.has_retrying() && retrying) retrying(partial.retrying());
-        });
-        if (!reply.has_resolved()) throw unexpected("Resolve");
-        Resolved out;
-        out.digest = digest_from_wire(reply.resolved().digest());
-        out.bytes = reply.resolved().bytes();
-        out.document = from_wire(reply.resolved().document());
-        out.endpoint = reply.resolved().endpoint();
-        return out;
-    }
-
-    Fetched manifest(const images::Descriptor& d) override {
-        fetch::Request r;
-        *r.mutable_manifest()->mutable_target() = to_wire(d);
-        const fetch::Reply reply = call(r);
-        if (!reply.has_manifest()) throw unexpected("GetManifest");
-        return {reply.manifest().bytes(), from_wire(reply.manifest().document())};
-    }
-
-    std::pair<std::string, images::ImageConfig> config(const images::Descriptor& d) override {
-        fetch::Request r;
-        *r.mutable_config()->mutable_target() = to_wire(d);
-        const fetch::Reply reply = call(r);
-        if (!reply.has_config()) throw unexpected("GetConfig");
-        return {reply.config().bytes(), from_wire(reply.config().config())};
-    }
-
-    images::Document parse_document(const std::string& bytes,
-                                    const std::string& media_type) override {
-        fetch::Request r;
-        r.mutable_parse_document()->set_bytes(bytes);
-        r.mutable_parse_document()->set_media_type(media_type);
-        const fetch::Reply reply = call(r);
-        if (!reply.has_document()) throw unexpected("ParseDocument");
-        return from_wire(reply.document());
-    }
-
-    images::ImageConfig parse_config(const std::string& bytes) override {
-        fetch::Request r;
-        r.mutable_parse_config()->set_bytes(bytes);
-        const fetch::Reply reply = call(r);
-        if (!reply.has_config()) throw unexpected("ParseConfig");
-        return from_wire(reply.config().config());
-    }
-
-    void fetch_blob(const images::Descriptor& blob, images::BlobStore& store,
-                    const images::RegistryClient::BlobCallbacks& callbacks) override {
-        // Hashed and written here as the chunks come; named only if it is the blob.
-        std::optional<images::BlobWriter> writer(store.writer(blob.digest, blob.size));
-        fetch::Request r;
-        *r.mutable_blob()->mutable_target() = to_wire(blob);
-        const fetch::Reply reply = call(r, [&](const fetch::Reply& partial) {
-            if (partial.has_chunk()) {
-                if (partial.chunk().restart()) writer.emplace(store.writer(blob.digest, blob.size));
-                writer->write(partial.chunk().data().data(), partial.chunk().data().size());
-                if (callbacks.progress) callbacks.progress(writer->written(), blob.size);
-            } else if (partial.has_retrying() && callbacks.retrying) {
-                callbacks.retrying(partial.retrying());
-            }
-        });
-        if (!reply.has_blob_done()) throw unexpected("FetchBlob");
-        writer->commit();
-    }
-
-  private:
-    struct Call {
-        std::function<void(const fetch::Reply&)> partial;
-        bool done = false;
-        fetch::Reply reply;
-        std::exception_ptr error;
-    };
-
-    std::runtime_error unexpected(const char* request) const {
-        return std::runtime_error(std::string("the registry fetcher answered ") + request +
-                                  " with something else");
+    bool dead() {
+        std::lock_guard lock(mu_);
+        return dead_;
     }
 
     // Sends `request` and waits for its last reply, giving the others to `partial` (on the
@@ -439,7 +349,7 @@ class RemoteSession : public images::RegistrySession {
         request.set_id(id);
         calls_[id] = &c;
         struct Unregister {
-            RemoteSession* s;
+            Link* s;
             uint64_t id;
             ~Unregister() { s->calls_.erase(id); }  // under mu_ (the lock outlives this)
         } unregister{this, id};
@@ -452,7 +362,7 @@ class RemoteSession : public images::RegistrySession {
             throw died();
         }
         while (!c.done) {
-            if (cancelled_()) throw images::PullCancelled("pull cancelled");
+            if (cancelled_ && cancelled_()) throw images::PullCancelled("pull cancelled");
             if (dead_) throw died();
             cv_.wait_for(lock, std::chrono::milliseconds(50));
         }
@@ -460,6 +370,14 @@ class RemoteSession : public images::RegistrySession {
         if (c.reply.has_failure()) throw_failure(c.reply.failure());
         return std::move(c.reply);
     }
+
+  private:
+    struct Call {
+        std::function<void(const fetch::Reply&)> partial;
+        bool done = false;
+        fetch::Reply reply;
+        std::exception_ptr error;
+    };
 
     [[noreturn]] static void throw_failure(const fetch::Failure& f) {
         switch (f.kind()) {
@@ -482,7 +400,7 @@ class RemoteSession : public images::RegistrySession {
 
     std::runtime_error died() {
         // (mu_ held) The status is known once the reader has seen the channel close.
-        return std::runtime_error("the registry fetcher went away (" +
+        return std::runtime_error(name_ + " went away (" +
                                   (status_.empty() ? std::string("its channel closed") : status_) +
                                   ")");
     }
@@ -498,6 +416,7 @@ class RemoteSession : public images::RegistrySession {
             }
             if (st != wire::ReadStatus::ok) {
                 // Gone, or speaking garbage: it is ended either way, and every call fails.
+                process_.kill();
                 const std::string how = process_.wait();
                 std::lock_guard lock(mu_);
                 dead_ = true;
@@ -526,9 +445,7 @@ class RemoteSession : public images::RegistrySession {
         }
     }
 
-    const FetcherSpec spec_;
-    std::string client_auth_;
-    images::RegistryTimings timings_;
+    const std::string name_;
     std::function<bool()> cancelled_;
     FetcherProcess process_;
     std::mutex write_mu_;  // frames whole
@@ -539,6 +456,238 @@ class RemoteSession : public images::RegistrySession {
     bool dead_ = false;
     std::string status_;
     std::thread reader_;
+};
+
+std::runtime_error unexpected(const char* request) {
+    return std::runtime_error(std::string("the registry fetcher answered ") + request +
+                              " with something else");
+}
+
+// A pull's registry session through its fetcher.
+class RemoteSession : public images::RegistrySession {
+  public:
+    RemoteSession(const FetcherSpec& spec, const std::string& client_auth,
+                  const images::PullOptions& options, std::function<bool()> cancelled)
+        : spec_(spec),
+          client_auth_(client_auth),
+          timings_(options.timings),
+          link_(spec, /*network=*/true, std::move(cancelled)) {}
+    Resolved resolve(const images::Reference& ref,
+                     const std::function<void(const std::string&)>& retrying) override {
+        fetch::Request r;
+        auto* q = r.mutable_resolve();
+        q->set_reference(ref.str());
+        if (auto text = read_file_if_exists(spec_.registries_conf)) {
+            q->set_registries_conf(*text);
+            q->set_has_registries_conf(true);
+        }
+        q->set_registries_conf_path(spec_.registries_conf);
+        if (auto text = read_file_if_exists(spec_.auth_file)) {
+            q->set_system_auth(*text);
+            q->set_has_system_auth(true);
+        }
+        q->set_system_auth_path(spec_.auth_file);
+        q->set_client_auth(client_auth_);
+        auto* t = q->mutable_timings();
+        t->set_connect_ms(timings_.connect.count());
+        t->set_low_speed_bytes(timings_.low_speed_bytes);
+        t->set_low_speed_time_s(timings_.low_speed_time.count());
+        t->set_max_attempts(timings_.max_attempts);
+        t->set_retry_base_ms(timings_.retry_base.count());
+        const fetch::Reply reply = link_.call(r, [&](const fetch::Reply& partial) {
+            if (partial.has_retrying() && retrying) retrying(partial.retrying());
+        });
+        if (!reply.has_resolved()) throw unexpected("Resolve");
+        Resolved out;
+        out.digest = digest_from_wire(reply.resolved().digest());
+        out.bytes = reply.resolved().bytes();
+        out.document = from_wire(reply.resolved().document());
+        out.endpoint = reply.resolved().endpoint();
+        return out;
+    }
+
+    Fetched manifest(const images::Descriptor& d) override {
+        fetch::Request r;
+        *r.mutable_manifest()->mutable_target() = to_wire(d);
+        const fetch::Reply reply = link_.call(r);
+        if (!reply.has_manifest()) throw unexpected("GetManifest");
+        return {reply.manifest().bytes(), from_wire(reply.manifest().document())};
+    }
+
+    std::pair<std::string, images::ImageConfig> config(const images::Descriptor& d) override {
+        fetch::Request r;
+        *r.mutable_config()->mutable_target() = to_wire(d);
+        const fetch::Reply reply = link_.call(r);
+        if (!reply.has_config()) throw unexpected("GetConfig");
+        return {reply.config().bytes(), from_wire(reply.config().config())};
+    }
+
+    images::Document parse_document(const std::string& bytes,
+                                    const std::string& media_type) override {
+        fetch::Request r;
+        r.mutable_parse_document()->set_bytes(bytes);
+        r.mutable_parse_document()->set_media_type(media_type);
+        const fetch::Reply reply = link_.call(r);
+        if (!reply.has_document()) throw unexpected("ParseDocument");
+        return from_wire(reply.document());
+    }
+
+    images::ImageConfig parse_config(const std::string& bytes) override {
+        fetch::Request r;
+        r.mutable_parse_config()->set_bytes(bytes);
+        const fetch::Reply reply = link_.call(r);
+        if (!reply.has_config()) throw unexpected("ParseConfig");
+        return from_wire(reply.config().config());
+    }
+
+    void fetch_blob(const images::Descriptor& blob, images::BlobStore& store,
+                    const images::RegistryClient::BlobCallbacks& callbacks) override {
+        // Hashed and written here as the chunks come; named only if it is the blob.
+        std::optional<images::BlobWriter> writer(store.writer(blob.digest, blob.size));
+        fetch::Request r;
+        *r.mutable_blob()->mutable_target() = to_wire(blob);
+        const fetch::Reply reply = link_.call(r, [&](const fetch::Reply& partial) {
+            if (partial.has_chunk()) {
+                if (partial.chunk().restart()) writer.emplace(store.writer(blob.digest, blob.size));
+                writer->write(partial.chunk().data().data(), partial.chunk().data().size());
+                if (callbacks.progress) callbacks.progress(writer->written(), blob.size);
+            } else if (partial.has_retrying() && callbacks.retrying) {
+                callbacks.retrying(partial.retrying());
+            }
+        });
+        if (!reply.has_blob_done()) throw unexpected("FetchBlob");
+        writer->commit();
+    }
+
+  private:
+    const FetcherSpec spec_;
+    std::string client_auth_;
+    images::RegistryTimings timings_;
+    Link link_;
+};
+
+// The store's DocumentParser: a long-lived parse worker, started when first needed and again
+// after it died (a document that crashed it fails; the next one gets a new worker). Workers
+// are started by a thread of the parser's own: a child's death signal follows the thread
+// that forked it, and the import or inspect thread that first needs one ends soon.
+class RemoteParser : public images::DocumentParser {
+  public:
+    // (The thread starts with the first document: berth-images makes this before it confines
+    // itself, and a thread started then would keep every capability.)
+    explicit RemoteParser(FetcherSpec spec) : spec_(std::move(spec)) {}
+    ~RemoteParser() override {
+        {
+            std::lock_guard lock(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        if (spawner_.joinable()) spawner_.join();
+    }
+
+    images::Document document(const std::string& bytes, const std::string& media_type) override {
+        fetch::Request r;
+        r.mutable_parse_document()->set_bytes(bytes);
+        r.mutable_parse_document()->set_media_type(media_type);
+        const fetch::Reply reply = call(r);
+        if (!reply.has_document()) throw unexpected("ParseDocument");
+        return from_wire(reply.document());
+    }
+    images::ImageConfig config(const std::string& bytes) override {
+        fetch::Request r;
+        r.mutable_parse_config()->set_bytes(bytes);
+        const fetch::Reply reply = call(r);
+        if (!reply.has_config()) throw unexpected("ParseConfig");
+        return from_wire(reply.config().config());
+    }
+    void check_oci_layout(const std::string& bytes, const std::string& where) override {
+        fetch::Request r;
+        r.mutable_oci_layout()->set_bytes(bytes);
+        r.mutable_oci_layout()->set_where(where);
+        if (!call(r).oci_layout_ok()) throw unexpected("CheckOciLayout");
+    }
+    images::LayoutIndex layout_index(const std::string& bytes, const std::string& where) override {
+        fetch::Request r;
+        r.mutable_layout_index()->set_bytes(bytes);
+        r.mutable_layout_index()->set_where(where);
+        const fetch::Reply reply = call(r);
+        if (!reply.has_layout_index()) throw unexpected("ParseLayoutIndex");
+        images::LayoutIndex out;
+        const images::Document doc = from_wire([&] {
+            fetch::Document d;
+            *d.mutable_index() = reply.layout_index().index();
+            return d;
+        }());
+        out.index = std::get<images::Index>(doc);
+        for (const auto& n : reply.layout_index().names())
+            out.names.push_back({n.ref_name(), n.image_name()});
+        return out;
+    }
+    std::vector<images::DockerArchiveEntry> docker_manifest(const std::string& bytes,
+                                                            const std::string& where) override {
+        fetch::Request r;
+        r.mutable_docker_manifest()->set_bytes(bytes);
+        r.mutable_docker_manifest()->set_where(where);
+        const fetch::Reply reply = call(r);
+        if (!reply.has_docker_manifest()) throw unexpected("ParseDockerManifest");
+        std::vector<images::DockerArchiveEntry> out;
+        for (const auto& e : reply.docker_manifest().entries()) {
+            out.push_back({e.config(),
+                           {e.layers().begin(), e.layers().end()},
+                           {e.repo_tags().begin(), e.repo_tags().end()}});
+        }
+        return out;
+    }
+
+  private:
+    fetch::Reply call(fetch::Request& r) {
+        std::shared_ptr<Link> link;
+        {
+            std::unique_lock lock(mu_);
+            if (!spawner_.joinable()) spawner_ = std::thread([this] { spawn_loop(); });
+            if (!link_ || link_->dead()) {
+                const uint64_t asked = ++wanted_;
+                cv_.notify_all();
+                cv_.wait(lock, [&] { return made_ >= asked; });
+                if (spawn_error_) std::rethrow_exception(spawn_error_);
+            }
+            link = link_;
+        }
+        return link->call(r);
+    }
+
+    void spawn_loop() {
+        std::unique_lock lock(mu_);
+        for (;;) {
+            cv_.wait(lock, [&] { return stop_ || made_ < wanted_; });
+            if (stop_) return;
+            const uint64_t target = wanted_;
+            spawn_error_ = nullptr;
+            if (!link_ || link_->dead()) {
+                lock.unlock();
+                std::shared_ptr<Link> fresh;
+                std::exception_ptr error;
+                try {
+                    fresh = std::make_shared<Link>(spec_, /*network=*/false, nullptr);
+                } catch (...) {
+                    error = std::current_exception();
+                }
+                lock.lock();
+                if (fresh) link_ = std::move(fresh);
+                spawn_error_ = error;
+            }
+            made_ = target;
+            cv_.notify_all();
+        }
+    }
+
+    const FetcherSpec spec_;
+    std::mutex mu_;  // what follows
+    std::condition_variable cv_;
+    std::shared_ptr<Link> link_;
+    uint64_t wanted_ = 0, made_ = 0;  // requests for a worker, and how many are answered
+    std::exception_ptr spawn_error_;
+    bool stop_ = false;
+    std::thread spawner_;
 };
 
 // ---- The fetcher ----
@@ -659,6 +808,28 @@ class Fetcher {
         } else if (request.has_parse_config()) {
             *reply.mutable_config()->mutable_config() =
                 to_wire(images::parse_config(request.parse_config().bytes()));
+        } else if (request.has_oci_layout()) {
+            images::parse_oci_layout(request.oci_layout().bytes(), request.oci_layout().where());
+            reply.set_oci_layout_ok(true);
+        } else if (request.has_layout_index()) {
+            const images::LayoutIndex x = images::parse_layout_index(
+                request.layout_index().bytes(), request.layout_index().where());
+            auto* out = reply.mutable_layout_index();
+            *out->mutable_index() = to_wire(images::Document(x.index)).index();
+            for (const auto& n : x.names) {
+                auto* w = out->add_names();
+                w->set_ref_name(n.ref_name);
+                w->set_image_name(n.image_name);
+            }
+        } else if (request.has_docker_manifest()) {
+            auto* out = reply.mutable_docker_manifest();
+            for (const auto& e : images::parse_docker_manifest(request.docker_manifest().bytes(),
+                                                               request.docker_manifest().where())) {
+                auto* w = out->add_entries();
+                w->set_config(e.config);
+                for (const auto& l : e.layers) w->add_layers(l);
+                for (const auto& t : e.repo_tags) w->add_repo_tags(t);
+            }
         } else if (request.has_blob()) {
             ChannelSink sink(*this, id);
             images::RegistryClient::BlobCallbacks callbacks;
@@ -724,13 +895,17 @@ images::SessionFactory fetcher_sessions(FetcherSpec spec, std::string client_aut
     };
 }
 
-int fetcher_main() {
+std::shared_ptr<images::DocumentParser> remote_parser(FetcherSpec spec) {
+    return std::make_shared<RemoteParser>(std::move(spec));
+}
+
+int fetcher_main(bool network) {
     // Started by exec_fetcher: berthd's uid, no capability, no_new_privs already set (the
     // filter needs it: without it, the install fails and so do we).
     if (::prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1) return 2;
-    if (ns::SeccompProgram::worker_profile(/*network=*/true).install() != 0) return 2;
+    if (ns::SeccompProgram::worker_profile(network).install() != 0) return 2;
     // Named once confined (a test that finds it by name sees the confined process).
-    ::prctl(PR_SET_NAME, "berth-fetch");
+    ::prctl(PR_SET_NAME, network ? "berth-fetch" : "berth-parse");
     ::signal(SIGPIPE, SIG_IGN);
     Fetcher().serve();
     return 0;

@@ -16,9 +16,11 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "rootfs-tools/document_parser.h"
 #include "rootfs-tools/registry_session.h"
 
 namespace berth::images_service {
@@ -35,7 +37,14 @@ struct FetcherSpec {
 // none), handed on unparsed.
 images::SessionFactory fetcher_sessions(FetcherSpec spec, std::string client_auth);
 
-// The fetcher's main(): berth-images started with --fetch-worker (fd 3: the channel).
-int fetcher_main();
+// The store's DocumentParser (rootfs-tools/document_parser.h): the same program as a parse
+// worker (no network in its filter, named berth-parse), one long-lived process started when
+// first needed and again after it died, so berth-images' root part parses no image document
+// (an import's, or a stored one's).
+std::shared_ptr<images::DocumentParser> remote_parser(FetcherSpec spec);
+
+// The fetcher's main(): berth-images started with --fetch-worker (network) or --parse-worker
+// (fd 3: the channel).
+int fetcher_main(bool network);
 
 }  // namespace berth::images_service

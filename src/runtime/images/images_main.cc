@@ -65,7 +65,10 @@ int main(int argc, char** argv) {
     // A pull's registry fetcher (fetcher.h): berth-images itself, exec'd as berthd's user in
     // namespaces of its own by fetcher_sessions.
     if (argc == 2 && std::strcmp(argv[1], "--fetch-worker") == 0)
-        return images_service::fetcher_main();
+        return images_service::fetcher_main(/*network=*/true);
+    // The store's parse worker (the same, without network).
+    if (argc == 2 && std::strcmp(argv[1], "--parse-worker") == 0)
+        return images_service::fetcher_main(/*network=*/false);
     CLI::App app{"berth-images: the image store for berthd"};
     int channel = -1;
     pid_t parent = 0;
@@ -127,6 +130,7 @@ int main(int argc, char** argv) {
         if (!runtime_dir.empty()) fetcher.hidden_dirs.push_back(runtime_dir);
         fetcher.registries_conf = registries_conf;
         fetcher.auth_file = auth_file;
+        store->set_parser(images_service::remote_parser(fetcher));
         pulling = images_service::make_pulling(*store, std::move(fetcher));
         // Before any thread starts (capabilities and filters are per thread; threads made
         // later inherit them).

@@ -349,7 +349,7 @@ void Service::inspect(uint64_t id, const v1::InspectImage& request) {
     try {
         const Image image = images::lookup_image(store_, request.reference());
         const images::ImageConfig config =
-            images::parse_config(read_file(store_.blobs().path(image.config)));
+            store_.parser().config(read_file(store_.blobs().path(image.config)));
         v1::images::Reply reply;
         reply.set_id(id);
         auto* out = reply.mutable_inspect_image();
