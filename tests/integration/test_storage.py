@@ -126,6 +126,8 @@ def test_a_full_sandbox_leaves_the_others_alone(base_dir, busybox_rootfs, loop_f
         # limit may be left, so the next write is larger than that.)
         r = d.cli("exec", full, "--", "sh", "-c", "dd if=/dev/zero of=/more bs=1M count=2")
         assert r.returncode != 0 and full_error in r.stderr, r
+        # ...and the exec's exit says why (ExecExit.storage_full).
+        assert "berth: the sandbox's storage is full" in r.stderr, r.stderr
         # inspect shows how full it is.
         stats = d.inspect(full)["stats"]
         assert int(stats["storage_limit_bytes"]) == 64 * MiB, stats
@@ -152,6 +154,9 @@ def test_a_full_sandbox_leaves_the_others_alone(base_dir, busybox_rootfs, loop_f
         # The other sandbox writes, uploads and reads back; an image import succeeds.
         written, dd_said = fill(d, other, "/other-fill", mib=20)
         assert written == 20 * MiB, dd_said
+        # A command that fails there for another reason is not said to have filled it.
+        r = d.cli("exec", other, "--", "sh", "-c", "exit 3")
+        assert r.returncode == 3 and "storage is full" not in r.stderr, r
         d.cli_ok("cp", small, f"{other}:/tmp/")
         r = d.cli("exec", other, "--", "sh", "-c", "wc -c < /tmp/small.bin")
         assert r.stdout.strip() == str(2 * MiB), r

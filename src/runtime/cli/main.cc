@@ -176,6 +176,10 @@ int run_exec(Client& c, const v1::Exec& request, bool interactive) {
     }
     if (exit.oom_killed())
         std::cerr << "berth: killed by the OOM killer (memory limit)" << std::endl;
+    if (exit.storage_full())
+        std::cerr << "berth: the sandbox's storage is full (its --storage limit, or the host's "
+                     "disk)"
+                  << std::endl;
     if (exit.signal()) return 128 + exit.signal();
     return exit.exit_code();
 }

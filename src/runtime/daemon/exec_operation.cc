@@ -229,6 +229,7 @@ void ExecOperation::maybe_finish() {
         e->set_signal(exit_.signal());
         e->set_timed_out(timed_out_);
         e->set_canceled(canceled_ && !timed_out_);
+        e->set_storage_full(exit_.storage_full());
         if (exit_.signal() == SIGKILL && !exit_.killed_by_request() && cgroup_) {
             try {
                 e->set_oom_killed(cgroup_->oom_kills() > oom_kills_before_);

@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -188,6 +189,16 @@ pid_t accept_request(UniqueFd& connection) {
                 else
                     e->set_exit_code(WEXITSTATUS(status));
                 e->set_killed_by_request(it->second.kill_requested);
+                // A failure is worth a statfs: was the writable layer full (ENOSPC is what
+                // the command saw; the client gets to know why)? Not on a success's path.
+                if (WIFSIGNALED(status) || WEXITSTATUS(status) != 0) {
+                    struct statfs sf;
+                    if (::statfs("/", &sf) == 0) {
+                        const uint64_t free_bytes = uint64_t{sf.f_bavail} * sf.f_bsize;
+                        e->set_storage_full(free_bytes < (uint64_t{2} << 20) ||
+                                            (sf.f_files > 0 && sf.f_ffree == 0));
+                    }
+                }
                 send(it->second.connection.get(), msg);
             }
             execs.erase(it);
