@@ -368,10 +368,24 @@ def test_the_registry_fetcher_has_no_privilege_and_sees_no_berth_state(base_dir,
                 for ns in ("pid", "mnt"):
                     assert os.readlink(f"/proc/{pid}/ns/{ns}") != \
                         os.readlink(f"/proc/{d.images_pid}/ns/{ns}"), ns
+                # Its root: a read-only tmpfs with the host's /usr and /etc, four device
+                # nodes and its own /proc; nothing else of the host (no /home, /tmp, /var,
+                # /run; so neither berth's runtime dir with its sockets nor the store).
                 root = f"/proc/{pid}/root"
-                assert os.listdir(root + str(d.runtime_dir)) == []
-                assert os.listdir(root + str(d.state_dir)) == []
+                top = set(os.listdir(root))
+                assert {"usr", "etc", "dev", "proc"} <= top, top
+                assert top <= {"usr", "etc", "dev", "proc", "bin", "sbin", "lib", "lib64",
+                               "lib32", "libx32", "run"}, top
+                assert sorted(os.listdir(root + "/dev")) == ["null", "random", "urandom",
+                                                             "zero"]
+                for hidden in (d.runtime_dir, d.state_dir, Path("/tmp"), Path("/home")):
+                    assert not os.path.exists(root + str(hidden)), hidden
                 assert (d.runtime_dir / "berth.sock").exists()  # (it is there outside)
+                mounts = open(f"/proc/{pid}/mountinfo").read().splitlines()
+                root_mount = [m for m in mounts if m.split()[4] == "/"]
+                assert root_mount and "ro" in root_mount[0].split()[5].split(","), mounts
+                usr = [m for m in mounts if m.split()[4] == "/usr"]
+                assert usr and "ro" in usr[0].split()[5].split(","), mounts
                 # Its /proc is its namespace's: itself and nothing else.
                 assert [p for p in os.listdir(root + "/proc") if p.isdigit()] == ["1"]
             finally:

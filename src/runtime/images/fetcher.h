@@ -6,8 +6,11 @@
 //    ptrace, no mount);
 //  - in a pid namespace of its own (it is pid 1 there: berthd and the sandboxes, which
 //    share its uid or not, are out of its sight and reach) and a mount namespace of its own
-//    in which berth's state and runtime directories are empty read-only tmpfs: it cannot
-//    reach berthd's sockets, sandboxes' init sockets or the store;
+//    whose root is a read-only tmpfs holding only the host's /usr and /etc (read-only), the
+//    resolver's directory, /dev/{null,zero,random,urandom} and its own /proc: no /home,
+//    /tmp, /var or /run, no berthd socket, no sandbox's init socket, no store (berth's
+//    state and runtime directories are hidden by an empty tmpfs too, should they be under
+//    /etc or /usr);
 //  - it reads registries.conf and the credentials as bytes berth-images read for it, and
 //    the client's credentials as the client sent them; it parses them.
 // What it answers is checked by the puller as a registry's answers are: documents by
@@ -29,7 +32,10 @@ struct FetcherSpec {
     std::string binary;  // berth-images itself (started again with --fetch-worker)
     uid_t uid = 0;       // berthd's user
     gid_t gid = 0;
-    std::vector<std::string> hidden_dirs;    // empty in its mount namespace (state, runtime)
+    std::vector<std::string> hidden_dirs;  // empty in its mount namespace (state, runtime)
+    // An existing directory its new root is mounted over while it is made (berth's state
+    // directory: hidden anyway). The root holds /usr, /etc, /dev's four nodes and /proc.
+    std::string root_staging;
     std::string registries_conf, auth_file;  // read again for every pull
 };
 

@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
         fetcher.uid = pw->pw_uid;
         fetcher.gid = pw->pw_gid;
         fetcher.hidden_dirs = {state_dir};
+        fetcher.root_staging = state_dir;
         if (!runtime_dir.empty()) fetcher.hidden_dirs.push_back(runtime_dir);
         fetcher.registries_conf = registries_conf;
         fetcher.auth_file = auth_file;
