@@ -29,6 +29,7 @@
 #include "ns/security.h"
 #include "rootfs-tools/document_parser.h"
 #include "rootfs-tools/puller.h"
+#include "runtime/images/worker_root.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::images_service {
@@ -172,111 +173,10 @@ images::ImageConfig from_wire(const fetch::ImageConfig& w) {
 
 // ---- The root side: starting a fetcher ----
 
-// The fetcher's whole filesystem, made before the fork (the child only makes system calls):
-// a small tmpfs (mounted over `staging`, berth's state directory, then made the root) with
-// the host's /usr and /etc read-only, the /bin, /lib... links or directories, the resolver's
-// directory when /etc/resolv.conf points elsewhere, four device nodes and a /proc of its
-// own. Nothing else: no /home, /tmp, /var or /run, so a fetcher a registry subverted reads
-// and writes nothing of the host's beyond what the programs' own files are.
-struct FetcherRoot {
-    std::string staging;
-    std::vector<std::string> dirs;   // made in order (full paths under staging)
-    std::vector<std::string> files;  // empty files made, then bound over (device nodes)
-    struct Bind {
-        std::string from, to;
-        unsigned long extra_flags;  // MS_NODEV for trees, 0 for the device nodes
-    };
-    std::vector<Bind> binds;
-    std::vector<std::pair<std::string, std::string>> links;  // target, path
-    std::string proc, old_root;
-};
-
-FetcherRoot make_fetcher_root(const std::string& staging) {
-    namespace fs = std::filesystem;
-    FetcherRoot r;
-    r.staging = staging;
-    auto add_dirs = [&](const std::string& abs) {  // every component of abs, under staging
-        std::string at = staging;
-        for (const auto& part : fs::path(abs).relative_path()) {
-            at += "/" + part.string();
-            if (std::find(r.dirs.begin(), r.dirs.end(), at) == r.dirs.end()) r.dirs.push_back(at);
-        }
-    };
-    for (const char* top : {"/usr", "/etc"}) {
-        add_dirs(top);
-        r.binds.push_back({top, staging + top, MS_NODEV});
-    }
-    for (const char* top : {"/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"}) {
-        std::error_code ec;
-        const auto st = fs::symlink_status(top, ec);
-        if (ec) continue;
-        if (fs::is_symlink(st)) {
-            r.links.emplace_back(fs::read_symlink(top).string(), staging + top);
-        } else if (fs::is_directory(st)) {
-            add_dirs(top);
-            r.binds.push_back({top, staging + top, MS_NODEV});
-        }
-    }
-    // A resolver configuration kept elsewhere (systemd-resolved: /run/systemd/resolve).
-    std::error_code ec;
-    if (fs::is_symlink(fs::symlink_status("/etc/resolv.conf", ec))) {
-        const fs::path target = fs::canonical("/etc/resolv.conf", ec);
-        const std::string dir = target.parent_path().string();
-        if (!ec && dir.rfind("/etc", 0) != 0 && dir.rfind("/usr", 0) != 0 && dir != "/") {
-            add_dirs(dir);
-            r.binds.push_back({dir, staging + dir, MS_NODEV});
-        }
-    }
-    add_dirs("/dev");
-    for (const char* node : {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"}) {
-        r.files.push_back(staging + node);
-        r.binds.push_back({node, staging + node, 0});
-    }
-    add_dirs("/proc");
-    r.proc = staging + "/proc";
-    r.old_root = staging + "/.old";
-    return r;
-}
-
-// Builds `root` and makes it this mount namespace's root (see FetcherRoot). 0, or the step
-// that failed.
-int enter_fetcher_root(const FetcherRoot& root) {
-    if (::mount("tmpfs", root.staging.c_str(), "tmpfs", MS_NOSUID | MS_NODEV,
-                "size=64k,nr_inodes=256,mode=0755") != 0)
-        return 1;
-    for (const auto& d : root.dirs)
-        if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return 2;
-    for (const auto& f : root.files) {
-        const int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-        if (fd < 0) return 3;
-        ::close(fd);
-    }
-    for (const auto& b : root.binds) {
-        if (::mount(b.from.c_str(), b.to.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
-            return 4;
-        if (::mount(nullptr, b.to.c_str(), nullptr,
-                    MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | b.extra_flags, nullptr) != 0)
-            return 5;
-    }
-    for (const auto& [target, path] : root.links)
-        if (::symlink(target.c_str(), path.c_str()) != 0) return 6;
-    if (::mount("proc", root.proc.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0)
-        return 7;
-    if (::mkdir(root.old_root.c_str(), 0700) != 0) return 8;
-    if (::syscall(SYS_pivot_root, root.staging.c_str(), root.old_root.c_str()) != 0) return 9;
-    if (::chdir("/") != 0) return 10;
-    if (::umount2("/.old", MNT_DETACH) != 0) return 11;
-    if (::rmdir("/.old") != 0) return 12;
-    if (::mount(nullptr, "/", nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
-                nullptr) != 0)
-        return 13;
-    return 0;
-}
-
 // The forked child, up to execve. berth-images has threads: what runs here keeps to what
 // glibc makes safe after fork (no locks another thread could hold).
 [[noreturn]] void exec_fetcher(int binary, int channel, int parent_end, uid_t uid, gid_t gid,
-                               const std::vector<const char*>& hidden, const FetcherRoot& root,
+                               const std::vector<const char*>& hidden, const WorkerRoot& root,
                                char** envp, bool network, pid_t parent) {
     ::close(parent_end);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -307,7 +207,7 @@ int enter_fetcher_root(const FetcherRoot& root) {
             errno != ENOENT)
             ::_exit(125);
     }
-    if (const int step = enter_fetcher_root(root); step != 0) ::_exit(140 + step);
+    if (const int step = enter_worker_root(root); step != 0) ::_exit(140 + step);
     ns::ProcessIdentity id;
     id.uid = uid;
     id.gid = gid;
@@ -363,7 +263,7 @@ class FetcherProcess {
                   [](const auto& a, const auto& b) { return a.size() > b.size(); });
         std::vector<const char*> hidden;
         for (const auto& d : dirs) hidden.push_back(d.c_str());
-        const FetcherRoot root = make_fetcher_root(spec.root_staging);
+        const WorkerRoot root = make_worker_root(spec.root_staging, /*proc=*/true);
         const std::vector<std::string> env = fetcher_environment();
         std::vector<char*> envp;
         for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));

@@ -5,6 +5,7 @@
 #include <linux/close_range.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include "base/unique_fd.h"
 #include "ns/security.h"
 #include "rootfs-tools/decompress.h"
+#include "runtime/images/worker_root.h"
 #include "runtime/wire/frame.h"
 #include "transfer/archive.h"
 #include "transfer/root.h"
@@ -55,7 +57,7 @@ bool read_byte(int fd, char* c) {
 
 // The forked child, up to execve: only async-signal-safe calls (berth-images has threads).
 [[noreturn]] void exec_worker(int binary, int channel, int parent_end, int blob, int scratch,
-                              int cancel, pid_t parent) {
+                              int cancel, const WorkerRoot& root, pid_t parent) {
     // Our copy of berth-images' end would keep the handshake from ever seeing it go.
     ::close(parent_end);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -70,6 +72,13 @@ bool read_byte(int fd, char* c) {
     // After the uid change, which clears it; dies with berth-images.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(124);
+    // A filesystem of its own (worker_root.h): it works through its fds only; the host's
+    // files, berth's sockets and other sandboxes' trees (whose owners are its ids) are out
+    // of reach. No /proc: the extractor then links files in by name.
+    if (::unshare(CLONE_NEWNS) != 0 ||
+        ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+        ::_exit(126);
+    if (const int step = enter_worker_root(root); step != 0) ::_exit(140 + step);
     // Fixed numbers, out of each other's way first.
     constexpr int kBinaryFd = kCancelFd + 1;
     if (::dup2(channel, 100) < 0 || ::dup2(blob, 101) < 0 || ::dup2(scratch, 102) < 0 ||
@@ -127,11 +136,14 @@ v1::unpack::Unpacked run_worker(const std::string& binary, const ns::IdMapping& 
                               [] { return ::open("/dev/null", O_WRONLY | O_CLOEXEC); }));
         cancel_fd = never.get();
     }
+    // Its root is made over /tmp (in its mount namespace only; it reaches the scratch
+    // directory by fd, through directories it could not search by path).
+    static const WorkerRoot root = make_worker_root(worker_root_staging(), /*proc=*/false);
     const pid_t parent = ::getpid();
     const pid_t pid = check_sys("fork", "unpack worker", [] { return ::fork(); });
     if (pid == 0)
         exec_worker(binary_fd.get(), theirs.get(), ours.get(), in_fd, scratch_fd.get(), cancel_fd,
-                    parent);
+                    root, parent);
     theirs.reset();
     struct Reap {
         pid_t pid;
@@ -174,8 +186,13 @@ v1::unpack::Unpacked run_worker(const std::string& binary, const ns::IdMapping& 
         throw died("went away");
     }
     v1::unpack::Result result;
-    if (wire::read_frame(ours.get(), result, kMaxResult) != wire::ReadStatus::ok)
-        throw died("gave no answer");
+    wire::ReadStatus got;
+    try {
+        got = wire::read_frame(ours.get(), result, kMaxResult);
+    } catch (const SysError&) {
+        got = wire::ReadStatus::eof;  // (ECONNRESET: it died with our Job unread)
+    }
+    if (got != wire::ReadStatus::ok) throw died("gave no answer");
     ours.reset();
     const int st = reap.wait();
     if (result.has_failure()) {
