@@ -118,8 +118,14 @@ def test_the_unpack_worker_has_no_capability_on_the_host(daemon, tmp_path):
             uid_map = open(f"/proc/{seen}/uid_map").read().split()
             gid_map = open(f"/proc/{seen}/gid_map").read().split()
             userns = os.readlink(f"/proc/{seen}/ns/user")
+            # A root of its own: the host's /usr and /etc, four device nodes, nothing else.
+            top = set(os.listdir(f"/proc/{seen}/root"))
+            for hidden in (daemon.state_dir, daemon.runtime_dir, "/tmp", "/home", "/proc"):
+                assert not os.path.exists(f"/proc/{seen}/root{hidden}"), hidden
         finally:
             os.kill(seen, signal.SIGCONT)
+        assert {"usr", "etc", "dev"} <= top <= {"usr", "etc", "dev", "bin", "sbin", "lib",
+                                                "lib64", "lib32", "libx32", "run"}, top
         # Its own namespace, holding the sandboxes' mapping: root inside is 200000 outside,
         # and the capabilities it keeps are over that namespace only.
         assert userns != os.readlink("/proc/self/ns/user")
