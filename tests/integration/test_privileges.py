@@ -112,7 +112,8 @@ def test_the_unpack_worker_has_no_capability_on_the_host(daemon, tmp_path):
                 except OSError:
                     pass
             time.sleep(0.002)
-        assert seen, "no unpack worker seen during the import"
+        assert seen, ("no unpack worker seen during the import",
+                      proc.communicate() if proc.poll() is not None else "(still running)")
         try:
             st = status(seen)
             uid_map = open(f"/proc/{seen}/uid_map").read().split()
