@@ -72,9 +72,13 @@ class Driver {
     // Creates (or reuses, when it exists and is empty) the cgroup for `name` under the
     // driver's parent, applying limits (unset ones become unlimited). Throws SysError naming
     // the file on failure; std::invalid_argument for a bad name or limits, before any mkdir.
+    // A cgroup it made is removed again when a limit cannot be written.
     virtual std::unique_ptr<Cgroup> create(const std::string& name, const Limits& limits) = 0;
     // Opens an existing cgroup (after a daemon or helper restart); nullptr if absent.
     virtual std::unique_ptr<Cgroup> open(const std::string& name) = 0;
+    // The names of the cgroups under the parent (in any hierarchy, on v1), sorted: what a
+    // start-up sweep compares with the sandboxes that exist.
+    virtual std::vector<std::string> list() = 0;
 };
 
 // Looks at /proc/self/mountinfo and the hierarchies to see what the host offers.

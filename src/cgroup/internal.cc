@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <stdexcept>
 
 #include "base/error.h"
@@ -141,6 +142,19 @@ void check_relative(std::string_view what, std::string_view path, bool allow_nes
     if (!ok)
         throw std::invalid_argument("bad cgroup " + std::string(what) + " '" + std::string(path) +
                                     "'");
+}
+
+std::vector<std::string> child_dirs(const std::string& dir) {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+        std::error_code type_ec;
+        if (e.is_directory(type_ec)) out.push_back(e.path().filename().string());
+    }
+    if (ec && ec != std::errc::no_such_file_or_directory)
+        throw SysError("opendir", dir, ec.value());
+    std::sort(out.begin(), out.end());
+    return out;
 }
 
 bool make_dir(const std::string& path) {

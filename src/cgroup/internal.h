@@ -75,6 +75,8 @@ void check_relative(std::string_view what, std::string_view path, bool allow_nes
 
 // mkdir, creating missing parents; returns false when the directory already existed.
 bool make_dir(const std::string& path);
+// The names of the directories in `dir` (none when it does not exist), sorted.
+std::vector<std::string> child_dirs(const std::string& dir);
 // rmdir, retrying EBUSY (processes still exiting) until `deadline`; a missing dir is fine.
 void remove_dir(const std::string& path, Clock::time_point deadline);
 

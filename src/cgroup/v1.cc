@@ -163,8 +163,28 @@ class V1Driver final : public Driver {
         auto cg = std::make_unique<V1Cgroup>(std::move(dirs));
         if (existed && cg->populated())
             throw SysError("create", cg->paths().front() + " (still has processes)", EBUSY);
-        cg->apply(limits);
+        try {
+            cg->apply(limits);
+        } catch (...) {
+            // What we made goes (one that was there and empty is left as it was).
+            if (!existed) {
+                try {
+                    cg->remove();
+                } catch (const std::exception&) {
+                }
+            }
+            throw;
+        }
         return cg;
+    }
+
+    std::vector<std::string> list() override {
+        std::vector<std::string> out;
+        for (const std::string& dir : Dirs(mounts_, parent_).unique())
+            for (std::string& name : child_dirs(dir)) out.push_back(std::move(name));
+        std::sort(out.begin(), out.end());
+        out.erase(std::unique(out.begin(), out.end()), out.end());
+        return out;
     }
 
     std::unique_ptr<Cgroup> open(const std::string& name) override {

@@ -131,19 +131,32 @@ class V2Driver final : public Driver {
         if (!cg) throw_sys("open", dir, ENOENT);  // removed by someone else in between
         if (!created && cg->populated())
             throw SysError("create", dir + " (still has processes)", EBUSY);
-        cg->apply(limits);
-        // The device allowlist (v2 has no devices controller: a BPF program per cgroup).
-        // Compiled and verified once; attaching it is one bpf() call. A reused cgroup gets
-        // a second copy, which allows and denies the same.
-        if (!device_program_) device_program_ = load_device_program();
-        attach_device_program(cg->clone_into_fd(), device_program_.get(), cg->dir());
-        return cg;
+        try {
+            cg->apply(limits);
+            // The device allowlist (v2 has no devices controller: a BPF program per cgroup).
+            // Compiled and verified once; attaching it is one bpf() call. A reused cgroup gets
+            // a second copy, which allows and denies the same.
+            if (!device_program_) device_program_ = load_device_program();
+            attach_device_program(cg->clone_into_fd(), device_program_.get(), cg->dir());
+            return cg;
+        } catch (...) {
+            // What we made goes (one that was there and empty is left as it was).
+            if (created) {
+                try {
+                    cg->remove();
+                } catch (const std::exception&) {
+                }
+            }
+            throw;
+        }
     }
 
     std::unique_ptr<Cgroup> open(const std::string& name) override {
         check_relative("name", name, false);
         return V2Cgroup::open(root_ + "/" + parent_ + "/" + name);
     }
+
+    std::vector<std::string> list() override { return child_dirs(root_ + "/" + parent_); }
 
   private:
     UniqueFd device_program_;

@@ -332,6 +332,26 @@ TEST_F(CgroupTest, CreateWritesLimitsAndReuseResetsThem) {
     EXPECT_FALSE(driver_->open("x")) << "a refused create left directories behind";
 }
 
+// Issue 12: a limit the kernel refuses (pids.max past PID_MAX_LIMIT) used to leave the new
+// cgroup's directories in every hierarchy for good.
+TEST_F(CgroupTest, ACreateWhoseLimitIsRefusedLeavesNothing) {
+    EXPECT_THROW(
+        driver_->create("refused", {.memory_bytes = {}, .cpus = {}, .pids = uint64_t{1} << 62}),
+        SysError);
+    EXPECT_FALSE(driver_->open("refused")) << "a failed create left directories behind";
+    const auto names = driver_->list();
+    EXPECT_EQ(std::count(names.begin(), names.end(), "refused"), 0);
+}
+
+TEST_F(CgroupTest, ListNamesTheCgroupsUnderTheParent) {
+    make("listed-a");
+    make("listed-b");
+    const auto names = driver_->list();
+    EXPECT_EQ(std::count(names.begin(), names.end(), "listed-a"), 1);
+    EXPECT_EQ(std::count(names.begin(), names.end(), "listed-b"), 1);
+    EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+}
+
 TEST_F(CgroupTest, CreateRefusesACgroupInUse) {
     Cgroup& cg = make("busy");
     spawn(cg, [] { return ::pause(); });

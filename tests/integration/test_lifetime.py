@@ -304,3 +304,38 @@ def test_daemon_memory_flat_over_many_execs_and_connections(fresh_daemon, busybo
         c.close()
     # 300 execs and 150 connections; one leaked exec alone was ~134 KiB.
     assert grown < 4096, f"berthd's heap grew by {grown} KiB over 300 execs"
+
+
+def test_a_restart_removes_cgroups_that_belong_to_no_sandbox(fresh_daemon, busybox_rootfs):
+    """Issue 12: what a create cut short (or an older berth's failed one) left under berth's
+    cgroup parent -- a sandbox-named cgroup with no sandbox, a process still in it -- is
+    removed when the helper starts; a live sandbox keeps its cgroup, and a directory that is
+    no sandbox's is left alone."""
+    d = fresh_daemon
+    kept = d.create(busybox_rootfs)
+    stray = "0123456789abcdef0123456789abcdef"
+    stray_dirs = hostutil.cgroup_dirs(d.cgroup_parent, stray)
+    for p in stray_dirs:
+        p.mkdir()
+    sleeper = subprocess.Popen(["sleep", "600"])
+    foreign = hostutil.parent_dirs(d.cgroup_parent)[0] / "not-a-sandbox"
+    try:
+        for p in stray_dirs:  # (in every hierarchy, as a sandbox's processes are)
+            (p / "cgroup.procs").write_text(str(sleeper.pid))
+        foreign.mkdir()
+        d.restart()
+        hostutil.wait_for(lambda: sleeper.poll() is not None, 15,
+                          what="the process in the leftover cgroup to be killed")
+        assert sleeper.returncode == -signal.SIGKILL
+        assert not [p for p in stray_dirs if p.exists()]
+        assert "removed the cgroup of no sandbox " + stray in d.log(), d.log()
+        assert foreign.exists()
+        assert all(p.exists() for p in hostutil.cgroup_dirs(d.cgroup_parent, kept))
+        assert d.cli_ok("exec", kept, "--", "echo", "still") == "still\n"
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait()
+        if foreign.exists():
+            foreign.rmdir()
+        d.cli("rm", "-f", kept)

@@ -221,6 +221,42 @@ SandboxFactory::SandboxFactory(Config config)
                  storage_->backend() == StorageBackend::project_quota
                      ? "project quotas on the state filesystem"
                      : "a tmpfs layer per sandbox (the state filesystem has no project quota)");
+    sweep_cgroups();
+}
+
+void SandboxFactory::sweep_cgroups() {
+    // What a crash between a create's first steps left, or an older berth's failed create:
+    // a cgroup named like a sandbox that has no directory here. Its processes (if any) are
+    // killed and it goes. A sandbox from before this start keeps its cgroup (berthd
+    // reattaches it); a name that is no sandbox id is not ours to judge and is left. The
+    // cgroup parent is this berthd's alone (docs/architecture.md).
+    std::vector<std::string> names;
+    try {
+        names = driver_->list();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "berth-helper: listing the cgroup parent: %s\n", e.what());
+        return;
+    }
+    for (const std::string& name : names) {
+        if (!valid_sandbox_id(name)) {
+            std::fprintf(stderr,
+                         "berth-helper: %s under the cgroup parent is no sandbox's; left alone\n",
+                         name.substr(0, 80).c_str());
+            continue;
+        }
+        if (::access(sandbox_runtime_dir(name).c_str(), F_OK) == 0) continue;
+        try {
+            if (auto cg = driver_->open(name)) {
+                cg->kill();
+                cg->remove();
+            }
+            std::fprintf(stderr, "berth-helper: removed the cgroup of no sandbox %s\n",
+                         name.c_str());
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "berth-helper: removing the leftover cgroup %s: %s\n",
+                         name.c_str(), e.what());
+        }
+    }
 }
 
 SandboxFactory::~SandboxFactory() = default;

@@ -54,6 +54,9 @@ class SandboxFactory {
     cgroup::Version cgroup_version() const { return driver_->version(); }
 
   private:
+    // At start: removes the cgroups under berth's parent that belong to no sandbox (see
+    // sandbox_factory.cc).
+    void sweep_cgroups();
     struct Live;
     // The directory a rootfs create names, opened and checked (see the .cc).
     UniqueFd open_rootfs(const std::string& rootfs) const;
