@@ -12,6 +12,7 @@
 #include <climits>
 
 #include "base/error.h"
+#include "base/remove_tree.h"
 #include "transfer/internal.h"
 
 namespace berth::transfer {
@@ -197,23 +198,8 @@ void remove_tree_at(int parent, const struct stat& parent_st, const std::string&
     struct stat st;
     if (::fstat(dir.get(), &st) != 0) throw_sys("fstat", display);
     if (is_mount_root(dir.get(), parent_st, st)) throw_sys("remove", display, EXDEV);
-    internal::for_each_dir_entry(dir.get(), display, [&](const char* entry, unsigned char type) {
-        std::string child = display + "/" + entry;
-        bool is_dir = type == DT_DIR;
-        if (type == DT_UNKNOWN) {
-            struct stat cst;
-            if (::fstatat(dir.get(), entry, &cst, AT_SYMLINK_NOFOLLOW) != 0) {
-                if (errno == ENOENT) return;
-                throw_sys("stat", child);
-            }
-            is_dir = S_ISDIR(cst.st_mode);
-        }
-        if (is_dir) {
-            remove_tree_at(dir.get(), st, entry, child);
-        } else if (::unlinkat(dir.get(), entry, 0) != 0 && errno != ENOENT) {
-            throw_sys("unlink", child);
-        }
-    });
+    // Any depth with a bounded number of fds, never into another mount (base/remove_tree.h).
+    remove_contents(dir.get(), display, /*same_mount=*/true);
     if (::unlinkat(parent, name.c_str(), AT_REMOVEDIR) != 0) throw_sys("rmdir", display);
 }
 

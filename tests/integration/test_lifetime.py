@@ -339,3 +339,46 @@ def test_a_restart_removes_cgroups_that_belong_to_no_sandbox(fresh_daemon, busyb
         if foreign.exists():
             foreign.rmdir()
         d.cli("rm", "-f", kept)
+
+
+def _deep_tree_in_upper(d, sid, name, depth=50000):
+    """A `depth`-level directory chain at /NAME in the sandbox, made from the host straight
+    into its writable layer (a shell loop inside would take minutes), owned by the
+    sandbox's root."""
+    upper = d.state_dir / "sandboxes" / sid / "upper"
+    root_uid = os.stat(upper).st_uid
+    cur = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i in range(depth):
+            n = name if i == 0 else "d"
+            os.mkdir(n, 0o755, dir_fd=cur)
+            nxt = os.open(n, os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+            os.chown(nxt, root_uid, root_uid)
+            if i % 1000 == 0:
+                fd = os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=nxt)
+                os.close(fd)
+            os.close(cur)
+            cur = nxt
+    finally:
+        os.close(cur)
+
+
+def test_a_50000_level_tree_goes_by_fs_rm_and_by_delete(fresh_daemon, busybox_rootfs):
+    """Issue 12: a 50,000-level tree made a writable layer undeletable (the janitor ran out
+    of fds, the layer stayed in the trash, each sweep logged 110 KB). Now `berth fs rm -r`
+    and a delete remove it, and the log stays short."""
+    d = fresh_daemon
+    sid = d.create(busybox_rootfs)
+    _deep_tree_in_upper(d, sid, "deep")
+    assert d.cli_ok("exec", sid, "--", "sh", "-c", "cd /deep/d/d/d && echo in") == "in\n"
+    r = d.cli("fs", "rm", "-r", f"{sid}:/deep", timeout=300)
+    assert r.returncode == 0, r
+    assert d.cli("exec", sid, "--", "test", "-e", "/deep").returncode == 1
+    _deep_tree_in_upper(d, sid, "deep2")
+    log_before = len(d.log_path.read_bytes())
+    d.cli_ok("rm", sid, timeout=300)
+    trash = d.state_dir / "trash"
+    hostutil.wait_for(lambda: not trash.exists() or not any(trash.iterdir()), 120,
+                      what="the janitor to empty the state trash")
+    assert not (d.state_dir / "sandboxes" / sid).exists()
+    assert len(d.log_path.read_bytes()) - log_before < 4096, d.log()[-4096:]
