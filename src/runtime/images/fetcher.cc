@@ -318,6 +318,12 @@ class FetcherProcess {
     std::string status_;
 };
 
+// The worker died (or its channel broke) before it answered.
+class WorkerGone : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
 // One fetcher or parse worker and its channel: each call is a Request; a reader thread hands
 // each Reply to the call of its id. Thread-safe.
 class Link {
@@ -402,11 +408,10 @@ class Link {
         }
     }
 
-    std::runtime_error died() {
+    WorkerGone died() {
         // (mu_ held) The status is known once the reader has seen the channel close.
-        return std::runtime_error(name_ + " went away (" +
-                                  (status_.empty() ? std::string("its channel closed") : status_) +
-                                  ")");
+        return WorkerGone(name_ + " went away (" +
+                          (status_.empty() ? std::string("its channel closed") : status_) + ")");
     }
 
     void read_replies() {
@@ -643,20 +648,31 @@ class RemoteParser : public images::DocumentParser {
     }
 
   private:
+    // A worker found dead (killed, or it crashed on an earlier document, perhaps before the
+    // reader noticed) costs one retry on a new one; a document that kills that one too fails.
     fetch::Reply call(fetch::Request& r) {
-        std::shared_ptr<Link> link;
-        {
-            std::unique_lock lock(mu_);
-            if (!spawner_.joinable()) spawner_ = std::thread([this] { spawn_loop(); });
-            if (!link_ || link_->dead()) {
-                const uint64_t asked = ++wanted_;
-                cv_.notify_all();
-                cv_.wait(lock, [&] { return made_ >= asked; });
-                if (spawn_error_) std::rethrow_exception(spawn_error_);
+        for (int attempt = 0;; ++attempt) {
+            std::shared_ptr<Link> link = live_link();
+            try {
+                return link->call(r);
+            } catch (const WorkerGone&) {
+                if (attempt > 0) throw;
+                std::lock_guard lock(mu_);
+                if (link_ == link) link_.reset();  // (another caller may have replaced it)
             }
-            link = link_;
         }
-        return link->call(r);
+    }
+
+    std::shared_ptr<Link> live_link() {
+        std::unique_lock lock(mu_);
+        if (!spawner_.joinable()) spawner_ = std::thread([this] { spawn_loop(); });
+        if (!link_ || link_->dead()) {
+            const uint64_t asked = ++wanted_;
+            cv_.notify_all();
+            cv_.wait(lock, [&] { return made_ >= asked; });
+            if (spawn_error_) std::rethrow_exception(spawn_error_);
+        }
+        return link_;
     }
 
     void spawn_loop() {
