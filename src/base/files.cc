@@ -133,9 +133,10 @@ bool is_mount_root(int fd, dev_t top_dev, dev_t dev) {
 
 void remove_contents(int dirfd, const std::string& where, bool same_mount) {
     auto at = [&](size_t depth, std::string_view name) {
-        // Short at any depth: the top, how deep, the entry.
-        return where + " (depth " + std::to_string(depth) + ": " +
-               std::string(name.substr(0, 255)) + ")";
+        // Short at any depth: the top, the entry, and how deep it is when that is not plain.
+        const std::string entry(name.substr(0, 255));
+        if (depth <= 1) return where + "/" + entry;
+        return where + "/.../" + entry + " (depth " + std::to_string(depth) + ")";
     };
     std::vector<Level> levels;
     {
