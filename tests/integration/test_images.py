@@ -644,6 +644,10 @@ def test_sandboxes_go_on_when_berth_images_dies(fresh_daemon, busybox_rootfs):
     sid = d.create(busybox_rootfs)
     os.kill(d.images_pid, signal.SIGKILL)
     hostutil.wait_for(lambda: not hostutil.pid_alive(d.images_pid), 10, what="berth-images")
+    # Reaped, not left a zombie for the life of the service (issue 12, item 7).
+    pid = d.images_pid
+    hostutil.wait_for(lambda: not os.path.exists(f"/proc/{pid}"), 10,
+                      what="berthd to reap berth-images")
     r = d.cli("images")
     assert r.returncode == 125 and "berth-images" in r.stderr and "restart berthd" in r.stderr
     r = d.cli("create", "busybox:latest")

@@ -382,3 +382,31 @@ def test_a_50000_level_tree_goes_by_fs_rm_and_by_delete(fresh_daemon, busybox_ro
                       what="the janitor to empty the state trash")
     assert not (d.state_dir / "sandboxes" / sid).exists()
     assert len(d.log_path.read_bytes()) - log_before < 4096, d.log()[-4096:]
+
+
+def test_a_dead_janitor_is_replaced(fresh_daemon, busybox_rootfs):
+    """Issue 12: a janitor that died was never replaced (deletes then removed layers on the
+    helper's own time, or not at all). The next delete reaps it and starts another, which
+    empties the trash."""
+    d = fresh_daemon
+
+    def janitors():
+        return [p for p in hostutil.children(d.helper_pid) if hostutil.comm(p) == "berth-janitor"]
+
+    old = janitors()
+    assert len(old) == 1, old
+    os.kill(old[0], signal.SIGKILL)
+    hostutil.wait_for(lambda: not hostutil.pid_alive(old[0]), 10, what="the janitor to die")
+    sid = d.create(busybox_rootfs)
+    d.cli_ok("exec", sid, "--", "sh", "-c", "mkdir -p /a/b/c && echo x > /a/b/c/f")
+    d.cli_ok("rm", sid)
+    new = janitors()
+    assert len(new) == 1 and new[0] != old[0], new
+    assert not os.path.exists(f"/proc/{old[0]}"), "the dead janitor was left a zombie"
+    trash = d.state_dir / "trash"
+    hostutil.wait_for(lambda: not any(trash.iterdir()), 30, what="the new janitor to sweep")
+    assert "is gone" in d.log() and "starting another" in d.log(), d.log()
+    # And it keeps serving deletes.
+    again = d.create(busybox_rootfs)
+    d.cli_ok("rm", again)
+    assert janitors() == new

@@ -245,6 +245,11 @@ int main(int argc, char** argv) {
             server.stop();
         });
         ::signal(SIGPIPE, SIG_IGN);
+        // berth-helper and berth-images are our only children: should one die, the kernel
+        // reaps it (no zombie for the life of the service); we learn of it from its
+        // channel's EOF. (Set only now: a disposition of SIG_IGN would pass through their
+        // exec, and they wait for children of their own.)
+        ::signal(SIGCHLD, SIG_IGN);
         io.run();
         return 0;
     } catch (const std::exception& e) {

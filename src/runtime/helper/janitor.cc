@@ -5,6 +5,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -77,6 +78,10 @@ Janitor::Janitor(std::vector<std::string> trash_dirs) : trash_(std::move(trash_d
         // Only the helper may look in: it holds what sandboxes wrote.
         check_sys("chmod", dir, [&] { return ::chmod(dir.c_str(), 0700); });
     }
+    start();
+}
+
+void Janitor::start() {
     // A socket, not a pipe: send() can be told not to raise SIGPIPE should the janitor die.
     int fds[2];
     check_sys("socketpair", "janitor",
@@ -106,9 +111,20 @@ void Janitor::discard(const std::string& path, size_t trash, const std::string& 
         // A full buffer (EAGAIN) means pokes are pending already: a delete never waits.
         if (::send(poke_.get(), "x", 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1 || errno == EAGAIN)
             return;
-        std::fprintf(stderr, "berth-helper: the janitor is gone (%s); removing in place\n",
-                     std::strerror(errno));
+        // Gone (killed, or it crashed): reaped, and a new one sweeps what is in the trash,
+        // this path included.
+        const int err = errno;
         poke_.reset();
+        int status = 0;
+        ::waitpid(pid_, &status, 0);
+        std::fprintf(stderr, "berth-helper: the janitor %d is gone (%s); starting another\n",
+                     static_cast<int>(pid_), std::strerror(err));
+        try {
+            start();
+            return;
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "berth-helper: no janitor (%s); removing in place\n", e.what());
+        }
     }
     remove_tree(target);
 }

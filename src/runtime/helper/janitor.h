@@ -29,12 +29,16 @@ class Janitor {
 
     // Moves `path` (absent: nothing to do) to `trash_dirs[trash]/name`, where it is removed
     // in the background. Where it cannot be moved (another filesystem, a name taken), or
-    // the janitor is gone, it is removed here and now. Throws SysError if that fails.
+    // no janitor can be started, it is removed here and now. Throws SysError if that fails.
     void discard(const std::string& path, size_t trash, const std::string& name);
 
     pid_t pid() const { return pid_; }
 
   private:
+    // Forks a janitor (it sweeps the trash as it starts). A dead one is replaced at the
+    // next discard, its zombie reaped.
+    void start();
+
     std::vector<std::string> trash_;
     UniqueFd poke_;  // our end of the janitor's socket: one byte = "look again"
     pid_t pid_ = -1;
