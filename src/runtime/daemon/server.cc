@@ -71,8 +71,8 @@ Server::Server(asio::io_context& io, ServerConfig config,
       registry_(config_.runtime_dir, driver_.get()),
       acceptor_(io),
       lease_timer_(io) {
-    dev_null_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (dev_null_ < 0) throw_sys("open", "/dev/null");
+    dev_null_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!dev_null_) throw_sys("open", "/dev/null");
 }
 
 void Server::start() {
@@ -436,7 +436,7 @@ void Server::handle_exec(const std::shared_ptr<Session>& session, uint64_t id,
                             "request id " + std::to_string(id) + " is in use");
         return;
     }
-    auto op = std::make_shared<ExecOperation>(io_, session, id, *sandbox, dev_null_);
+    auto op = std::make_shared<ExecOperation>(io_, session, id, *sandbox, dev_null_.get());
     session->execs[id] = op;
     op->start(req);
 }
@@ -461,8 +461,14 @@ void Server::handle_file_op(const std::shared_ptr<Session>& session, const v1::C
             user_error = check_user_spec("user", msg.make_dirs().user());
             if (msg.make_dirs().mode() > 07777) user_error = "mode: more than 07777";
             break;
-        default:
+        case v1::ClientMessage::kRemovePath:
             key = msg.remove_path().sandbox();
+            break;
+        default:
+            // (Only file operations come here; a new kind must be added above, not run as
+            // another.)
+            session->send_error(id, v1::INTERNAL, "not a file operation");
+            return;
     }
     if (!user_error.empty()) {
         session->send_error(id, v1::INVALID_ARGUMENT, user_error);

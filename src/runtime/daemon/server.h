@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/unique_fd.h"
 #include "berth.pb.h"
 #include "runtime/daemon/framed_socket.h"
 #include "runtime/daemon/helper_client.h"
@@ -127,7 +128,7 @@ class Server {
     // Manifest digests of images whose sandboxes are being created (resolved, not yet in
     // the registry): in use, for remove and prune, like those of live sandboxes.
     std::multiset<std::string> creating_images_;
-    int dev_null_ = -1;
+    UniqueFd dev_null_;  // stdin of an exec that has none (borrowed by each ExecOperation)
     ImageResolver resolve_image_;
 
     // Image requests (image_handlers.cc): checked here, forwarded to berth-images with the
