@@ -85,16 +85,28 @@ TEST_F(JanitorTest, SweepsWhatAnEarlierJanitorLeft) {
     reap(pid);
 }
 
-TEST_F(JanitorTest, RemovesInPlaceWhenTheJanitorIsGone) {
-    Janitor janitor({trash_.string()});
-    ASSERT_EQ(::kill(janitor.pid(), SIGKILL), 0);
-    reap(janitor.pid());
-    fs::path tree = make_tree("sandbox");
-    janitor.discard(tree.string(), 0, "id1");
-    EXPECT_FALSE(fs::exists(tree));
-    EXPECT_TRUE(fs::is_empty(trash_));  // removed before discard returned
-    janitor.discard(make_tree("again").string(), 0, "id2");
-    EXPECT_TRUE(fs::is_empty(trash_));
+// Issue 12: a janitor that died was never replaced. The next discard reaps it and starts
+// another, which sweeps the trash (this discard's tree included).
+TEST_F(JanitorTest, ADeadJanitorIsReplacedAtTheNextDiscard) {
+    pid_t first, second;
+    {
+        Janitor janitor({trash_.string()});
+        first = janitor.pid();
+        ASSERT_EQ(::kill(first, SIGKILL), 0);
+        siginfo_t info;  // dead, not reaped: the discard must reap it
+        ASSERT_EQ(::waitid(P_PID, first, &info, WEXITED | WNOWAIT), 0);
+        fs::path tree = make_tree("sandbox");
+        janitor.discard(tree.string(), 0, "id1");
+        EXPECT_FALSE(fs::exists(tree));
+        second = janitor.pid();
+        EXPECT_NE(second, first);
+        EXPECT_TRUE(eventually([&] { return fs::is_empty(trash_); }));
+        janitor.discard(make_tree("again").string(), 0, "id2");
+        EXPECT_EQ(janitor.pid(), second);
+        EXPECT_TRUE(eventually([&] { return fs::is_empty(trash_); }));
+    }
+    reap(second);  // it exits once the Janitor is gone
+    EXPECT_EQ(::waitpid(first, nullptr, WNOHANG), -1) << "the dead janitor was not reaped";
 }
 
 TEST_F(JanitorTest, JanitorExitsWhenTheHelperCloses) {
