@@ -283,7 +283,7 @@ def test_daemon_killed_mid_pull_leaves_nothing_trusted(base_dir, images):
                     assert puller.poll() is None, puller.communicate()
                     time.sleep(0.05)
                 workers = [p for p in _children_named(d.proc.pid, "berth-images")]
-                workers += [p for p in _descendants(d.proc.pid)
+                workers += [p for p in hostutil.descendants(d.proc.pid)
                             if hostutil.comm(p) == "berth-fetch"]
                 assert len(workers) == 2, workers  # berth-images and the pull's fetcher
                 d.kill()
@@ -307,20 +307,6 @@ def test_daemon_killed_mid_pull_leaves_nothing_trusted(base_dir, images):
     finally:
         d.stop()
 
-
-def _descendants(pid: int) -> list:
-
-    out, todo = [], [pid]
-    while todo:
-        for c in hostutil.children(todo.pop()):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def _status(pid: int) -> dict:
-    with open(f"/proc/{pid}/status") as f:
-        return {k: v.strip() for k, _, v in (line.partition(":") for line in f)}
 
 
 def test_the_registry_fetcher_has_no_privilege_and_sees_no_berth_state(base_dir, fresh_daemon,
@@ -348,11 +334,11 @@ def test_the_registry_fetcher_has_no_privilege_and_sees_no_berth_state(base_dir,
                     assert time.monotonic() < deadline, "the pull never reached the stall"
                     assert puller.poll() is None, puller.communicate()
                     time.sleep(0.05)
-                fetchers = [p for p in _descendants(d.images_pid)
+                fetchers = [p for p in hostutil.descendants(d.images_pid)
                             if hostutil.comm(p) == "berth-fetch"]
                 assert len(fetchers) == 1, fetchers
                 pid = fetchers[0]
-                st = _status(pid)
+                st = hostutil.status(pid)
                 assert st["Uid"].split() == [str(berth.pw_uid)] * 4, st["Uid"]
                 assert st["Gid"].split() == [str(berth.pw_gid)] * 4, st["Gid"]
                 assert st["Groups"] == "", st["Groups"]
@@ -362,7 +348,7 @@ def test_the_registry_fetcher_has_no_privilege_and_sees_no_berth_state(base_dir,
                 assert st["Seccomp"] == "2"
                 # Every thread (the downloads run on threads of their own).
                 for t in os.listdir(f"/proc/{pid}/task"):
-                    tst = _status(int(t))
+                    tst = hostutil.status(int(t))
                     assert int(tst["CapEff"], 16) == 0 and tst["Seccomp"] == "2", t
                 assert st["NSpid"].split()[-1] == "1", st["NSpid"]
                 for ns in ("pid", "mnt"):
@@ -399,7 +385,7 @@ def test_the_registry_fetcher_has_no_privilege_and_sees_no_berth_state(base_dir,
         direct = reg.ref("fetch/busybox", "v1")
         pull(d, direct)
         assert image_named(d, direct) is not None
-        assert not [p for p in _descendants(d.images_pid) if hostutil.comm(p) == "berth-fetch"]
+        assert not [p for p in hostutil.descendants(d.images_pid) if hostutil.comm(p) == "berth-fetch"]
 
 
 def _children_named(pid: int, name: str):

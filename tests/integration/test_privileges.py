@@ -200,14 +200,6 @@ def test_an_import_archive_is_read_by_the_unprivileged_worker(daemon, tmp_path):
     daemon.cli_ok("rmi", "it/archive:1")
 
 
-def _descendants(pid: int) -> list:
-    out, todo = [], [pid]
-    while todo:
-        for c in hostutil.children(todo.pop()):
-            out.append(c)
-            todo.append(c)
-    return out
-
 
 def test_image_documents_are_parsed_by_an_unprivileged_worker(daemon, tmp_path):
     """The JSON of an import (oci-layout, index.json, manifests, configs) and of the store's
@@ -222,7 +214,7 @@ def test_image_documents_are_parsed_by_an_unprivileged_worker(daemon, tmp_path):
     daemon.cli_ok("image", "import", str(tar), "--name", "it/parse:1")
     try:
         def parsers():
-            return [p for p in _descendants(daemon.images_pid) if hostutil.comm(p) == "berth-parse"]
+            return [p for p in hostutil.descendants(daemon.images_pid) if hostutil.comm(p) == "berth-parse"]
         found = parsers()
         assert len(found) == 1, found
         pid = found[0]
