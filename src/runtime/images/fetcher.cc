@@ -472,6 +472,28 @@ std::runtime_error unexpected(const char* request) {
                               " with something else");
 }
 
+// A stored document parsed by a fetcher or parse worker, through `call` (a Link's, or the
+// parser's with its retry): what RemoteSession and RemoteParser both ask.
+template <typename Call>
+images::Document parse_document_with(Call&& call, const std::string& bytes,
+                                     const std::string& media_type) {
+    fetch::Request r;
+    r.mutable_parse_document()->set_bytes(bytes);
+    r.mutable_parse_document()->set_media_type(media_type);
+    const fetch::Reply reply = call(r);
+    if (!reply.has_document()) throw unexpected("ParseDocument");
+    return from_wire(reply.document());
+}
+
+template <typename Call>
+images::ImageConfig parse_config_with(Call&& call, const std::string& bytes) {
+    fetch::Request r;
+    r.mutable_parse_config()->set_bytes(bytes);
+    const fetch::Reply reply = call(r);
+    if (!reply.has_config()) throw unexpected("ParseConfig");
+    return from_wire(reply.config().config());
+}
+
 // A pull's registry session through its fetcher.
 class RemoteSession : public images::RegistrySession {
   public:
@@ -533,20 +555,12 @@ class RemoteSession : public images::RegistrySession {
 
     images::Document parse_document(const std::string& bytes,
                                     const std::string& media_type) override {
-        fetch::Request r;
-        r.mutable_parse_document()->set_bytes(bytes);
-        r.mutable_parse_document()->set_media_type(media_type);
-        const fetch::Reply reply = link_.call(r);
-        if (!reply.has_document()) throw unexpected("ParseDocument");
-        return from_wire(reply.document());
+        return parse_document_with([this](fetch::Request& r) { return link_.call(r); }, bytes,
+                                   media_type);
     }
 
     images::ImageConfig parse_config(const std::string& bytes) override {
-        fetch::Request r;
-        r.mutable_parse_config()->set_bytes(bytes);
-        const fetch::Reply reply = link_.call(r);
-        if (!reply.has_config()) throw unexpected("ParseConfig");
-        return from_wire(reply.config().config());
+        return parse_config_with([this](fetch::Request& r) { return link_.call(r); }, bytes);
     }
 
     void fetch_blob(const images::Descriptor& blob, images::BlobStore& store,
@@ -594,19 +608,11 @@ class RemoteParser : public images::DocumentParser {
     }
 
     images::Document document(const std::string& bytes, const std::string& media_type) override {
-        fetch::Request r;
-        r.mutable_parse_document()->set_bytes(bytes);
-        r.mutable_parse_document()->set_media_type(media_type);
-        const fetch::Reply reply = call(r);
-        if (!reply.has_document()) throw unexpected("ParseDocument");
-        return from_wire(reply.document());
+        return parse_document_with([this](fetch::Request& r) { return call(r); }, bytes,
+                                   media_type);
     }
     images::ImageConfig config(const std::string& bytes) override {
-        fetch::Request r;
-        r.mutable_parse_config()->set_bytes(bytes);
-        const fetch::Reply reply = call(r);
-        if (!reply.has_config()) throw unexpected("ParseConfig");
-        return from_wire(reply.config().config());
+        return parse_config_with([this](fetch::Request& r) { return call(r); }, bytes);
     }
     void check_oci_layout(const std::string& bytes, const std::string& where) override {
         fetch::Request r;
