@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "base/error.h"
 #include "base/files.h"
 
 namespace berth {
@@ -10,8 +11,10 @@ uint64_t process_start_time(pid_t pid) {
     std::string stat;
     try {
         stat = read_file("/proc/" + std::to_string(pid) + "/stat");
-    } catch (const std::exception&) {
-        return 0;
+    } catch (const SysError& e) {
+        // ESRCH: the process exited between open() and read().
+        if (e.code() == ENOENT || e.code() == ESRCH) return 0;
+        throw;
     }
     // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
     size_t pos = stat.rfind(')');

@@ -137,10 +137,11 @@ class Daemon:
     """A real berthd with its own runtime dir, state dir, socket and cgroup parent."""
 
     def __init__(self, base: Path, lease: float = DEFAULT_LEASE, max_frame=None, extra_args=(),
-                 env=None, state_dir=None):
+                 env=None, state_dir=None, nofile=None):
         """env: extra variables for berthd's environment (BERTH_* ones included, e.g.
         BERTH_TRANSFER_RESOLVER); state_dir: where the writable layers live (default: under
-        the daemon's own dir), e.g. a small tmpfs."""
+        the daemon's own dir), e.g. a small tmpfs; nofile: berthd's RLIMIT_NOFILE (soft and
+        hard), to drive it out of fds."""
         n = next(_daemon_counter)
         self.dir = base / f"d{n}"
         self.dir.mkdir(mode=0o755)
@@ -153,6 +154,7 @@ class Daemon:
         self.lease = lease
         self.max_frame = max_frame
         self.extra_args = list(extra_args)
+        self.nofile = nofile
         self.log_path = self.dir / "berthd.log"
         self.proc = None
         self.helper_pid = None
@@ -172,8 +174,15 @@ class Daemon:
         log = open(self.log_path, "ab")
         log.write(f"---- start #{self.starts + 1}: {' '.join(args)}\n".encode())
         log.flush()
+        nofile = self.nofile
+
+        def limit_fds():
+            if nofile is not None:
+                import resource
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, preexec_fn=limit_fds)
         log.close()
         self.starts += 1
         deadline = time.monotonic() + timeout

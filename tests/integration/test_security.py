@@ -12,10 +12,8 @@ gets nothing.
 
 Needs root (it makes host users berth-it-m1 and berth-it-m2 in group berth, and
 berth-it-out outside it) and a C compiler for the race probe."""
-import grp
 import json
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -27,7 +25,7 @@ import pytest
 
 import berth_proto
 import hostutil
-from conftest import BERTH, HERE, REPO_ROOT
+from conftest import HERE, REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tests/registry"))
 import fixture as fx  # noqa: E402
@@ -36,35 +34,7 @@ pb = berth_proto.pb
 IMAGE = "it/security:latest"
 
 
-class Member:
-    """A host user and how to act as it: raw connections and the CLI."""
-
-    def __init__(self, name: str):
-        pw = pwd.getpwnam(name)
-        self.name, self.uid, self.gid = name, pw.pw_uid, pw.pw_gid
-        self.groups = sorted({g.gr_gid for g in grp.getgrall() if name in g.gr_mem} |
-                             {self.gid})
-
-    def connect(self, daemon) -> berth_proto.Connection:
-        return berth_proto.connect_as(daemon.socket, self.uid, self.gid, self.groups)
-
-    def cli(self, daemon, *args, input=None, timeout=60):
-        env = {"PATH": "/usr/bin:/bin", "BERTH_SOCKET": daemon.socket, "HOME": "/"}
-        return subprocess.run([str(BERTH), *map(str, args)], input=input, capture_output=True,
-                              text=True, timeout=timeout, env=env, user=self.uid,
-                              group=self.gid, extra_groups=self.groups, cwd="/")
-
-
-def _ensure_user(name: str, in_berth: bool) -> Member:
-    try:
-        pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--home-dir", "/nonexistent",
-                        "--shell", "/usr/sbin/nologin", "--user-group", name],
-                       check=True, timeout=30)
-    if in_berth and name not in grp.getgrnam("berth").gr_mem:
-        subprocess.run(["usermod", "-a", "-G", "berth", name], check=True, timeout=30)
-    return Member(name)
+from members import ensure_user as _ensure_user  # noqa: E402
 
 
 @pytest.fixture(scope="module")

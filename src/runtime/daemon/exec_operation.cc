@@ -32,7 +32,7 @@ ExecOperation::ExecOperation(asio::io_context& io, std::shared_ptr<Session> sess
       workdir_(sandbox.info.workdir()),
       image_env_(sandbox.info.image_config().env()),
       image_user_(sandbox.info.image_config().user()),
-      cgroup_(sandbox.cgroup.get()),
+      cgroup_(sandbox.cgroup),
       dev_null_(dev_null),
       timer_(io) {}
 
@@ -265,10 +265,26 @@ void ExecOperation::abandon() {
     done();
 }
 
+namespace {
+// Stdin bytes berthd queues for one exec's command: past the high mark the client's
+// requests are not read (it blocks in its own send) until the command has taken the
+// queue below the low one.
+constexpr size_t kStdinHigh = 1u << 20, kStdinLow = 256u << 10;
+}  // namespace
+
 void ExecOperation::input(const v1::ExecInput& in) {
     if (!stdin_ || finished_) return;
-    if (!in.data().empty()) stdin_queue_.push_back(in.data());
+    if (!in.data().empty()) {
+        stdin_queued_ += in.data().size();
+        stdin_queue_.push_back(in.data());
+    }
     if (in.close()) stdin_close_requested_ = true;
+    if (stdin_queued_ > kStdinHigh && !holding_client_) {
+        if (auto session = session_.lock()) {
+            session->socket->hold_reading();
+            holding_client_ = true;
+        }
+    }
     if (stdin_writing_) return;
     auto self = shared_from_this();
     struct Pump {
@@ -286,17 +302,28 @@ void ExecOperation::input(const v1::ExecInput& in) {
             op->stdin_writing_ = true;
             asio::async_write(*op->stdin_, asio::buffer(op->stdin_queue_.front()),
                               [op](boost::system::error_code ec, size_t) {
-                                  if (op->stdin_queue_.size()) op->stdin_queue_.pop_front();
+                                  if (op->stdin_queue_.size()) {
+                                      op->stdin_queued_ -= op->stdin_queue_.front().size();
+                                      op->stdin_queue_.pop_front();
+                                  }
                                   if (ec) {
                                       // The command closed its stdin: drop what is left.
                                       op->stdin_queue_.clear();
+                                      op->stdin_queued_ = 0;
                                       op->stdin_close_requested_ = true;
                                   }
+                                  if (op->stdin_queued_ < kStdinLow) op->release_client();
                                   next(op);
                               });
         }
     };
     Pump::next(self);
+}
+
+void ExecOperation::release_client() {
+    if (!holding_client_) return;
+    holding_client_ = false;
+    if (auto session = session_.lock()) session->socket->release_reading();
 }
 
 void ExecOperation::finish_with_error(v1::ErrorCode code, const std::string& message) {
@@ -308,6 +335,9 @@ void ExecOperation::finish_with_error(v1::ErrorCode code, const std::string& mes
 void ExecOperation::done() {
     if (finished_) return;
     finished_ = true;
+    release_client();
+    stdin_queue_.clear();
+    stdin_queued_ = 0;
     timer_.cancel();
     boost::system::error_code ignored;
     if (init_) init_->close();

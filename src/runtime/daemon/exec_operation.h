@@ -47,12 +47,15 @@ class ExecOperation : public std::enable_shared_from_this<ExecOperation> {
     // The image's settings an exec inherits unless it says otherwise.
     google::protobuf::RepeatedPtrField<std::string> image_env_;
     std::string image_user_;
-    cgroup::Cgroup* cgroup_;
+    std::shared_ptr<cgroup::Cgroup> cgroup_;  // the sandbox's, kept past its delete
     int dev_null_;
     std::shared_ptr<FramedSocket> init_;
     std::unique_ptr<Stream> out_, err_;
     std::unique_ptr<asio::posix::stream_descriptor> stdin_;
     std::deque<std::string> stdin_queue_;
+    size_t stdin_queued_ = 0;
+    bool holding_client_ = false;  // the client's reading is held for a full stdin queue
+    void release_client();
     bool stdin_writing_ = false, stdin_close_requested_ = false;
     asio::steady_timer timer_;
     std::chrono::steady_clock::time_point started_at_;

@@ -1,5 +1,6 @@
 #include "runtime/daemon/framed_socket.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cstring>
@@ -13,12 +14,37 @@ constexpr size_t kLowWater = 1u << 20;
 constexpr size_t kMaxFdsPerRead = 16;
 }  // namespace
 
+void ReadBudget::charge(size_t old_bytes, size_t new_bytes) {
+    used_ = used_ - old_bytes + new_bytes;
+    if (new_bytes >= old_bytes || waiters_.empty()) return;
+    // Room was given back: every waiter tries again (from a task of its own: this runs
+    // inside another connection's read); those still without room queue up again.
+    auto waiters = std::move(waiters_);
+    waiters_.clear();
+    for (auto& weak : waiters) {
+        auto socket = weak.lock();
+        if (!socket) continue;
+        asio::post(socket->socket_.get_executor(), [socket] {
+            socket->budget_waiting_ = false;
+            socket->resume_reading();
+        });
+    }
+}
+
 FramedSocket::FramedSocket(UnixSocket socket, uint32_t max_frame)
     : socket_(std::move(socket)), max_frame_(max_frame) {}
+
+FramedSocket::FramedSocket(UnixSocket socket, uint32_t max_frame, ReadLimits limits)
+    : socket_(std::move(socket)), max_frame_(max_frame), limits_(std::move(limits)) {}
+
+FramedSocket::~FramedSocket() {
+    if (limits_ && limits_->budget) limits_->budget->charge(charged_, 0);
+}
 
 void FramedSocket::start(Handler handler) {
     handler_ = std::move(handler);
     auto self = shared_from_this();
+    if (limits_) watch_hangup();
     // Frames may already be waiting.
     asio::post(socket_.get_executor(), [this, self] {
         if (socket_.is_open()) on_readable();
@@ -44,8 +70,11 @@ void FramedSocket::release_handler() {
 }
 
 void FramedSocket::wait_readable() {
+    if (read_waiting_ || !socket_.is_open() || closing_ || stopped_reading_ || holds_ > 0) return;
+    read_waiting_ = true;
     auto self = shared_from_this();
     socket_.async_wait(UnixSocket::wait_read, [this, self](boost::system::error_code ec) {
+        read_waiting_ = false;
         if (ec) {
             notify_closed();
             return;
@@ -54,7 +83,112 @@ void FramedSocket::wait_readable() {
     });
 }
 
+void FramedSocket::watch_hangup() {
+    // A connection berthd is not reading (held, or waiting for budget) would not see its
+    // peer go away: the EOF sits behind requests not read. The peer's full close raises
+    // EPOLLHUP on our end, which completes an error wait. While reading, EOF is found in
+    // order, after the requests sent before it, so nothing is done here then.
+    auto self = shared_from_this();
+    socket_.async_wait(UnixSocket::wait_error, [this, self](boost::system::error_code ec) {
+        if (ec || !socket_.is_open()) return;
+        pollfd p{socket_.native_handle(), 0, 0};
+        const bool hung_up = ::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR));
+        if (hung_up && (holds_ > 0 || budget_waiting_)) {
+            notify_closed();
+            close();
+        }
+    });
+}
+
+void FramedSocket::hold_reading() {
+    ++holds_;
+}
+
+void FramedSocket::release_reading() {
+    if (holds_ > 0 && --holds_ == 0) {
+        // Not from inside the caller (a drain callback, an exec's stdin pump).
+        asio::post(socket_.get_executor(), [self = shared_from_this()] { self->resume_reading(); });
+    }
+}
+
+void FramedSocket::resume_reading() {
+    if (!socket_.is_open() || closing_ || stopped_reading_ || holds_ > 0 || budget_waiting_) return;
+    if (!deliver_frames()) {
+        settle_buffer();
+        return;
+    }
+    settle_buffer();
+    wait_readable();
+}
+
+void FramedSocket::refuse(const std::string& why) {
+    stopped_reading_ = true;
+    in_.clear();
+    fd_batches_.clear();
+    pending_fds_ = 0;
+    settle_buffer();
+    if (handler_) handler_(Event::refused, std::string(why));
+}
+
+void FramedSocket::drop_batch_front() {
+    pending_fds_ -= fd_batches_.front().fds.size();
+    fd_batches_.pop_front();
+}
+
+void FramedSocket::settle_buffer() {
+    // A big frame leaves a big buffer behind; keep what a few frames need, no more.
+    if (in_.empty()) {
+        if (in_.capacity() > 65536) std::string().swap(in_);
+    } else if (in_.capacity() > 4 * std::max<size_t>(in_.size(), 65536)) {
+        in_.shrink_to_fit();
+    }
+    if (limits_ && limits_->budget) {
+        // A connection's first read is free (what one read brings): the budget counts
+        // what it holds beyond that.
+        const size_t now = in_.size() > 65536 ? in_.size() : 0;
+        limits_->budget->charge(charged_, now);
+        charged_ = now;
+    }
+    if (limits_ && !in_.empty()) arm_frame_timer();
+}
+
+void FramedSocket::arm_frame_timer() {
+    if (frame_timer_armed_ || stopped_reading_ || !socket_.is_open()) return;
+    if (!frame_timer_) frame_timer_ = std::make_unique<asio::steady_timer>(socket_.get_executor());
+    frame_deadline_ = std::chrono::steady_clock::now() + limits_->frame_timeout;
+    frame_start_seen_ = in_begin_;
+    frame_timer_armed_ = true;
+    frame_timer_->expires_at(frame_deadline_);
+    auto self = shared_from_this();
+    frame_timer_->async_wait([this, self](boost::system::error_code ec) {
+        frame_timer_armed_ = false;
+        if (ec || !socket_.is_open() || stopped_reading_ || in_.empty()) return;
+        if (holds_ > 0) {
+            // berthd is not reading it (its replies or its exec's stdin are backed up):
+            // not the frame's fault. It gets a full period once reading goes on.
+            arm_frame_timer();
+            return;
+        }
+        if (in_begin_ != frame_start_seen_) {
+            // Frames were completed since the timer was set: the one in progress now began
+            // later; give it its own period.
+            arm_frame_timer();
+            return;
+        }
+        refuse("a frame begun " + std::to_string(limits_->frame_timeout.count()) +
+               " ms ago is still not complete (" + std::to_string(in_.size()) + " bytes received)");
+    });
+}
+
 void FramedSocket::on_readable() {
+    if (!socket_.is_open() || closing_ || stopped_reading_ || holds_ > 0) return;
+    if (limits_ && limits_->budget && !in_.empty() && !limits_->budget->room(65536)) {
+        if (!budget_waiting_) {
+            budget_waiting_ = true;
+            limits_->budget->waiters_.push_back(weak_from_this());
+        }
+        return;
+    }
     // recvmsg() by hand: asio's reads drop ancillary data, and clients pass pipes with
     // their requests. One read per wakeup keeps a flooding peer from starving the others.
     char buf[65536];
@@ -87,18 +221,44 @@ void FramedSocket::on_readable() {
         return;
     }
     in_.append(buf, static_cast<size_t>(n));
-    if (!fds.empty())
+    if (!fds.empty()) {
+        pending_fds_ += fds.size();
         fd_batches_.push_back({begin, begin + static_cast<uint64_t>(n), std::move(fds)});
-    if (deliver_frames() && socket_.is_open() && !closing_) wait_readable();
+    }
+    const bool go_on = deliver_frames();
+    if (limits_ && pending_fds_ > limits_->max_pending_fds) {
+        refuse("passed " + std::to_string(pending_fds_) +
+               " fds with requests not yet complete (at most " +
+               std::to_string(limits_->max_pending_fds) + ")");
+        return;
+    }
+    settle_buffer();
+    if (go_on) wait_readable();
 }
 
 bool FramedSocket::deliver_frames() {
     size_t pos = 0;
     bool go_on = true;
     while (in_.size() - pos >= 4) {
+        if (holds_ > 0) {
+            go_on = false;
+            break;
+        }
+        if (limits_ && queued_bytes_ >= limits_->pause_above_queued) {
+            // The peer is not reading its replies: read no more requests from it until
+            // they drain (when_drained also runs on close, which ends the hold).
+            hold_reading();
+            std::weak_ptr<FramedSocket> weak = weak_from_this();
+            drain_waiters_.push_back([weak] {
+                if (auto self = weak.lock()) self->release_reading();
+            });
+            go_on = false;
+            break;
+        }
         const uint32_t length =
             wire::decode_length(reinterpret_cast<const unsigned char*>(in_.data() + pos));
         if (length > max_frame_) {
+            stopped_reading_ = true;
             if (handler_) handler_(Event::too_large, std::to_string(length));
             go_on = false;
             break;
@@ -106,11 +266,12 @@ bool FramedSocket::deliver_frames() {
         if (in_.size() - pos - 4 < length) break;
         const uint64_t start = in_begin_ + pos, next = start + 4 + length;
         frame_fds_.clear();
-        while (!fd_batches_.empty() && fd_batches_.front().end <= start) fd_batches_.pop_front();
+        while (!fd_batches_.empty() && fd_batches_.front().end <= start) drop_batch_front();
         if (!fd_batches_.empty()) {
             FdBatch& b = fd_batches_.front();
             if (b.begin <= start && start < b.end && next >= b.end) {
                 frame_fds_ = std::move(b.fds);
+                pending_fds_ -= frame_fds_.size();
                 fd_batches_.pop_front();
             }
         }
@@ -125,6 +286,8 @@ bool FramedSocket::deliver_frames() {
     }
     in_.erase(0, pos);
     in_begin_ += pos;
+    // Batches wholly inside frames already delivered can belong to no frame now.
+    while (!fd_batches_.empty() && fd_batches_.front().end <= in_begin_) drop_batch_front();
     return go_on;
 }
 
@@ -237,6 +400,11 @@ void FramedSocket::close() {
     socket_.close(ignored);
     queue_.clear();
     queued_bytes_ = 0;
+    in_.clear();
+    fd_batches_.clear();
+    pending_fds_ = 0;
+    if (frame_timer_) frame_timer_->cancel();
+    settle_buffer();
     notify_drained();
     release_handler();
 }

@@ -6,11 +6,13 @@
 #include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <filesystem>
 #include <iostream>
@@ -85,6 +87,19 @@ void wait_images_ready(int channel) {
     if (!hello.has_ready()) throw std::runtime_error("berth-images sent no Ready message");
 }
 
+// The soft RLIMIT_NOFILE up to the hard one (what systemd advises a daemon that needs
+// many fds to do itself; children keep the usual soft limit, select() users among them).
+// Returns the limit now in force.
+size_t raise_nofile_limit() {
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;
+    if (lim.rlim_cur < lim.rlim_max) {
+        rlimit raised{lim.rlim_max, lim.rlim_max};
+        if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) lim = raised;
+    }
+    return lim.rlim_cur == RLIM_INFINITY ? size_t{1} << 20 : static_cast<size_t>(lim.rlim_cur);
+}
+
 void drop_privileges(uid_t uid, gid_t gid) {
     check_sys("setgroups", "[berth]", [&] { return ::setgroups(1, &gid); });
     check_sys("setresgid", std::to_string(gid), [&] { return ::setresgid(gid, gid, gid); });
@@ -145,6 +160,16 @@ int main(int argc, char** argv) {
         ->transform(CLI::AsSizeValue(false));
     app.add_option("--max-image-entries", max_image_entries,
                    "files, directories and links an image may unpack to (default 4194304)");
+    size_t max_connections = 0, max_connections_per_user = 0;
+    double frame_timeout_seconds = 30;
+    app.add_option("--max-connections", max_connections,
+                   "client connections open at once (default: from RLIMIT_NOFILE, at most "
+                   "1024)");
+    app.add_option("--max-connections-per-user", max_connections_per_user,
+                   "client connections one uid other than root may hold (default: half of "
+                   "--max-connections)");
+    app.add_option("--frame-timeout", frame_timeout_seconds,
+                   "seconds a client has to finish a request frame it began");
     CLI11_PARSE(app, argc, argv);
     uint64_t default_storage_bytes = 0;
     if (default_storage != "none") {
@@ -204,6 +229,12 @@ int main(int argc, char** argv) {
                          std::to_string(max_image_size), std::to_string(max_image_entries));
 
         drop_privileges(uid, gid);
+        const size_t nofile = raise_nofile_limit();
+        // Each connection may hold an fd, up to 16 passed fds and execs' pipes: a quarter
+        // of the fds are left for sandboxes, the helper and images.
+        if (max_connections == 0) max_connections = std::clamp<size_t>(nofile / 24, 8, 1024);
+        if (max_connections_per_user == 0)
+            max_connections_per_user = std::max<size_t>(1, max_connections / 2);
 
         // The helper's first word: which cgroup driver it chose, or why it cannot start.
         v1::helper::Reply hello;
@@ -228,6 +259,10 @@ int main(int argc, char** argv) {
         config.allowed_group_name = group;
         config.cgroup_driver = driver_name;
         config.default_storage_bytes = default_storage_bytes;
+        config.max_connections = max_connections;
+        config.max_connections_per_user = max_connections_per_user;
+        config.frame_timeout =
+            std::chrono::milliseconds(static_cast<int64_t>(frame_timeout_seconds * 1000));
         auto driver = driver_name == "v2" ? cgroup::make_v2_driver(cgroup_parent)
                                           : cgroup::make_v1_driver(cgroup_parent);
         daemon::Server server(io, config, channel, std::move(driver));

@@ -20,8 +20,10 @@ struct Sandbox {
     v1::SandboxInfo info;
     std::string init_socket;
     uint64_t init_start_time = 0;
-    std::unique_ptr<cgroup::Cgroup> cgroup;  // opened read-only, for stats and OOM counts
-    uint64_t owner_session = 0;              // the connection that holds its lease; 0 = none
+    // Opened read-only, for stats and OOM counts. Shared: an exec reads its OOM count after
+    // its command ends, which may be after a concurrent delete has dropped the sandbox.
+    std::shared_ptr<cgroup::Cgroup> cgroup;
+    uint64_t owner_session = 0;  // the connection that holds its lease; 0 = none
     std::optional<Clock::time_point> lease_deadline;
     bool deleting = false;
 };

@@ -70,7 +70,9 @@ Server::Server(asio::io_context& io, ServerConfig config,
               }),
       registry_(config_.runtime_dir, driver_.get()),
       acceptor_(io),
-      lease_timer_(io) {
+      lease_timer_(io),
+      accept_backoff_(io),
+      read_budget_(std::make_shared<ReadBudget>(config_.read_budget_bytes)) {
     dev_null_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!dev_null_) throw_sys("open", "/dev/null");
 }
@@ -97,8 +99,23 @@ void Server::stop() {
 void Server::accept_next() {
     acceptor_.async_accept([this](boost::system::error_code ec, UnixSocket socket) {
         if (ec == asio::error::operation_aborted) return;
-        if (!ec) on_connection(std::move(socket));
-        accept_next();
+        if (!ec) {
+            accept_failure_logged_ = false;
+            on_connection(std::move(socket));
+            accept_next();
+            return;
+        }
+        // EMFILE, ENFILE, ENOBUFS, ENOMEM: the backlog stays where it is, and accepting
+        // again at once would spin. Try again shortly; sessions and sandboxes go on.
+        if (!accept_failure_logged_) {
+            log("accept on " + config_.socket_path + ": " + ec.message() +
+                "; retrying every 100 ms until it works");
+            accept_failure_logged_ = true;
+        }
+        accept_backoff_.expires_after(std::chrono::milliseconds(100));
+        accept_backoff_.async_wait([this](boost::system::error_code wait_ec) {
+            if (!wait_ec) accept_next();
+        });
     });
 }
 
@@ -128,15 +145,33 @@ void Server::on_connection(UnixSocket socket) {
     std::string who;
     uid_t uid = static_cast<uid_t>(-1);
     const bool allowed = peer_allowed(socket.native_handle(), &uid, &who);
-    auto framed = std::make_shared<FramedSocket>(std::move(socket), config_.max_frame);
+    ReadLimits limits;
+    limits.budget = read_budget_;
+    limits.frame_timeout = config_.frame_timeout;
+    auto framed = std::make_shared<FramedSocket>(std::move(socket), config_.max_frame, limits);
     auto session = std::make_shared<Session>(next_session_++, framed, uid);
-    if (!allowed) {
-        session->send_error(
-            0, v1::PERMISSION_DENIED,
-            who + " is neither root nor in group '" + config_.allowed_group_name + "'");
+    auto refuse = [&](v1::ErrorCode code, const std::string& message) {
+        session->send_error(0, code, message);
         framed->close_after_flush();
-        return;
+    };
+    if (!allowed) {
+        return refuse(v1::PERMISSION_DENIED,
+                      who + " is neither root nor in group '" + config_.allowed_group_name + "'");
     }
+    // Caps on connections, so that no uid can take the fds every other client and
+    // sandbox needs. Root's connections count in all but have no cap of their own.
+    if (sessions_.size() >= config_.max_connections) {
+        return refuse(v1::RESOURCE_EXHAUSTED,
+                      "berthd has " + std::to_string(sessions_.size()) +
+                          " connections open, its limit; close some and try again");
+    }
+    size_t& mine = connections_by_uid_[uid];
+    if (uid != 0 && mine >= config_.max_connections_per_user) {
+        return refuse(v1::RESOURCE_EXHAUSTED,
+                      who + " has " + std::to_string(mine) +
+                          " connections to berthd open, the limit per user; close some");
+    }
+    ++mine;
     sessions_[session->id] = session;
     std::weak_ptr<Session> weak = session;
     framed->start([this, weak](FramedSocket::Event event, std::string&& payload) {
@@ -153,6 +188,13 @@ void Server::on_connection(UnixSocket socket) {
                 session->socket->close_after_flush();
                 on_closed(session);
                 break;
+            case FramedSocket::Event::refused:
+                log("closing connection of uid " + std::to_string(session->uid) + ": it " +
+                    payload);
+                session->send_error(0, v1::RESOURCE_EXHAUSTED, "connection closed: it " + payload);
+                session->socket->close_after_flush();
+                on_closed(session);
+                break;
             case FramedSocket::Event::closed:
                 on_closed(session);
                 break;
@@ -162,6 +204,9 @@ void Server::on_connection(UnixSocket socket) {
 
 void Server::on_closed(const std::shared_ptr<Session>& session) {
     if (!sessions_.erase(session->id)) return;
+    if (auto it = connections_by_uid_.find(session->uid); it != connections_by_uid_.end()) {
+        if (--it->second == 0) connections_by_uid_.erase(it);
+    }
     auto execs = std::move(session->execs);
     for (auto& [id, op] : execs) op->abandon();
     auto file_ops = std::move(session->file_ops);
@@ -643,12 +688,27 @@ void Server::reattach() {
 
 void Server::check_leases() {
     const auto now = Clock::now();
+    bool unknown = false;
     for (Sandbox* s : registry_.all()) {
         // A sandbox whose init died (OOM killer, an admin's kill) is dead, whatever it was.
-        if (s->info.state() == "running" && !registry_.init_alive(*s)) {
-            log("sandbox " + s->info.id() + " is dead: its init (pid " +
-                std::to_string(s->info.init_pid()) + ") exited");
-            s->info.set_state("dead");
+        if (s->info.state() == "running") {
+            try {
+                if (!registry_.init_alive(*s)) {
+                    log("sandbox " + s->info.id() + " is dead: its init (pid " +
+                        std::to_string(s->info.init_pid()) + ") exited");
+                    s->info.set_state("dead");
+                }
+            } catch (const std::exception& e) {
+                // Out of fds or memory for a moment: that says nothing about the sandbox,
+                // whose state is marked only on proof that its init is gone. Said once
+                // per spell, not once per sandbox and tick.
+                if (!liveness_unknown_logged_) {
+                    log("cannot check sandboxes' inits: " + std::string(e.what()) +
+                        "; keeping their state until it can");
+                    liveness_unknown_logged_ = true;
+                }
+                unknown = true;
+            }
         }
         if (s->deleting || !s->lease_deadline || *s->lease_deadline > now) continue;
         const std::string sid = s->info.id();
@@ -657,6 +717,7 @@ void Server::check_leases() {
             if (!message.empty()) log("deleting " + sid + " after its lease: " + message);
         });
     }
+    if (!unknown) liveness_unknown_logged_ = false;
     auto tick =
         std::min<std::chrono::milliseconds>(config_.lease / 4, std::chrono::milliseconds(1000));
     lease_timer_.expires_after(std::max(tick, std::chrono::milliseconds(50)));

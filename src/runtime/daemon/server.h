@@ -32,6 +32,13 @@ struct ServerConfig {
     std::string allowed_group_name = "berth";
     std::string cgroup_driver;           // "v1" | "v2", as the helper reported
     uint64_t default_storage_bytes = 0;  // for creates that give none; 0 = no limit
+    // Client connections berthd keeps open, in all and per uid other than root's (each
+    // costs an fd and up to one read of buffer; main.cc sizes them from RLIMIT_NOFILE).
+    size_t max_connections = 1024;
+    size_t max_connections_per_user = 256;
+    // Bytes of unfinished frames all clients together may hold beyond one read each.
+    size_t read_budget_bytes = 64u << 20;
+    std::chrono::milliseconds frame_timeout{30'000};
 };
 
 // An image reference resolved for a create: the name it has in the store, the manifest it
@@ -113,6 +120,7 @@ class Server {
                         std::function<void(v1::ErrorCode, std::string)> done);
     void reattach();
     void check_leases();
+    bool liveness_unknown_logged_ = false;
     bool peer_allowed(int fd, uid_t* uid, std::string* who);
 
     asio::io_context& io_;
@@ -122,6 +130,12 @@ class Server {
     SandboxRegistry registry_;
     asio::local::stream_protocol::acceptor acceptor_;
     asio::steady_timer lease_timer_;
+    // After accept() fails for want of fds or memory: wait a moment instead of spinning on
+    // a backlog that cannot be taken.
+    asio::steady_timer accept_backoff_;
+    bool accept_failure_logged_ = false;
+    std::shared_ptr<ReadBudget> read_budget_;
+    std::map<uid_t, size_t> connections_by_uid_;
     std::map<uint64_t, std::shared_ptr<Session>> sessions_;
     uint64_t next_session_ = 1;
     std::set<std::string> pending_names_;
