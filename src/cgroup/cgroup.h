@@ -74,6 +74,11 @@ class Driver {
     // the file on failure; std::invalid_argument for a bad name or limits, before any mkdir.
     // A cgroup it made is removed again when a limit cannot be written.
     virtual std::unique_ptr<Cgroup> create(const std::string& name, const Limits& limits) = 0;
+    // Applies `budget` (memory and pids; cpus is ignored) to the parent itself, making it if
+    // needed: what all sandboxes together may use, whatever each one's own limits say.
+    // Unset fields become unlimited. Throws SysError naming the file (EBUSY when the
+    // sandboxes already use more memory than the new budget).
+    virtual void limit_parent(const Limits& budget) = 0;
     // Opens an existing cgroup (after a daemon or helper restart); nullptr if absent.
     virtual std::unique_ptr<Cgroup> open(const std::string& name) = 0;
     // The names of the cgroups under the parent (in any hierarchy, on v1), sorted: what a

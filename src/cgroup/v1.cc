@@ -178,6 +178,21 @@ class V1Driver final : public Driver {
         return cg;
     }
 
+    void limit_parent(const Limits& budget) override {
+        check_limits(budget);
+        Dirs dirs(mounts_, parent_);
+        for (const std::string& dir : dirs.unique()) make_dir(dir);
+        // Hierarchical on v1 too: use_hierarchy is always on in the kernels berth supports
+        // (writes of 0 are refused since 6.x, and it is inherited from the root).
+        const std::string mem = budget.memory_bytes ? std::to_string(*budget.memory_bytes) : "-1";
+        const std::string memsw = dirs.memory + "/memory.memsw.limit_in_bytes";
+        const bool has_memsw = exists(memsw);
+        if (has_memsw) write_file(memsw, "-1");
+        write_file(dirs.memory + "/memory.limit_in_bytes", mem);
+        if (has_memsw) write_file(memsw, mem);
+        write_file(dirs.pids + "/pids.max", budget.pids ? std::to_string(*budget.pids) : "max");
+    }
+
     std::vector<std::string> list() override {
         std::vector<std::string> out;
         for (const std::string& dir : Dirs(mounts_, parent_).unique())

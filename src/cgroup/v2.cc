@@ -113,10 +113,9 @@ class V2Driver final : public Driver {
 
     Version version() const override { return Version::v2; }
 
-    std::unique_ptr<Cgroup> create(const std::string& name, const Limits& limits) override {
-        check_relative("name", name, false);
-        check_limits(limits);
-        // Every level from the root down to the parent passes the controllers on to the next.
+    // Makes the parent, every level from the root down to it passing the controllers on
+    // to the next. Returns its path.
+    std::string make_parent() {
         std::string dir = root_;
         delegate(dir);
         for (std::string_view part : split(parent_, '/')) {
@@ -125,7 +124,22 @@ class V2Driver final : public Driver {
             make_dir(dir);
             delegate(dir);
         }
-        dir += "/" + name;
+        return dir;
+    }
+
+    void limit_parent(const Limits& budget) override {
+        check_limits(budget);
+        const std::string dir = make_parent();
+        write_file(dir + "/memory.max",
+                   budget.memory_bytes ? std::to_string(*budget.memory_bytes) : "max");
+        if (exists(dir + "/memory.swap.max")) write_file(dir + "/memory.swap.max", "0");
+        write_file(dir + "/pids.max", budget.pids ? std::to_string(*budget.pids) : "max");
+    }
+
+    std::unique_ptr<Cgroup> create(const std::string& name, const Limits& limits) override {
+        check_relative("name", name, false);
+        check_limits(limits);
+        std::string dir = make_parent() + "/" + name;
         const bool created = make_dir(dir);
         auto cg = V2Cgroup::open(dir);
         if (!cg) throw_sys("open", dir, ENOENT);  // removed by someone else in between

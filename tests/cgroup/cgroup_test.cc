@@ -428,6 +428,40 @@ TEST_F(CgroupTest, PidsLimitStopsForkBomb) {
     expect_gone(paths);
 }
 
+TEST_F(CgroupTest, TheParentsBudgetCapsAllChildrenTogether) {
+    constexpr uint64_t kBudget = 12;
+    driver_->limit_parent({.memory_bytes = 256 * kMiB, .cpus = {}, .pids = kBudget});
+    struct Unlimit {
+        ~Unlimit() { driver_->limit_parent({}); }
+    } unlimit;
+    // Each child may have 20 tasks; together they may have 12.
+    Cgroup& a = make("budget-a", {.memory_bytes = {}, .cpus = {}, .pids = 20});
+    Cgroup& b = make("budget-b", {.memory_bytes = {}, .cpus = {}, .pids = 20});
+    Pipe report;
+    auto bomb = [&] {
+        for (;;) {
+            if (::fork() < 0) {
+                send(report.write.get(), errno);
+                for (;;) ::pause();
+            }
+        }
+        return 0;
+    };
+    pid_t pa = spawn(a, bomb);
+    EXPECT_EQ(receive<int>(report.read.get()), EAGAIN);
+    pid_t pb = spawn(b, bomb);
+    EXPECT_EQ(receive<int>(report.read.get()), EAGAIN);
+    // Moving a process in is charged past any limit (the kernel's rule): b's first one
+    // came in with the budget full; none of its forks did.
+    EXPECT_LE(a.stats().pids + b.stats().pids, kBudget + 1);
+    EXPECT_GE(a.stats().pids + b.stats().pids, kBudget);
+    EXPECT_LE(b.stats().pids, 1u);
+    a.kill();
+    b.kill();
+    EXPECT_TRUE(killed_by_sigkill(reap(pa)));
+    EXPECT_TRUE(killed_by_sigkill(reap(pb)));
+}
+
 TEST_F(CgroupTest, CpuUsageIsAccountedAndQuotaThrottles) {
     Cgroup& free_cg = make("cpu-free");
     pid_t pid = spawn(free_cg, [] {

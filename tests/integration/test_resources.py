@@ -11,14 +11,34 @@ MiB = 1 << 20
 HOG = "x=0123456789abcdef; while true; do x=$x$x; done"
 
 
+def host_budget():
+    """What berthd derives from this host (docs/resources.md), computed here on its own."""
+    GiB = 1 << 30
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    memory = total - max(GiB, total // 5) if total >= 2 * GiB else total // 2
+    memory -= memory % MiB
+    tasks = min(int(open("/proc/sys/kernel/pid_max").read()),
+                int(open("/proc/sys/kernel/threads-max").read()))
+    pids = tasks // 2
+    return {"total_memory": memory, "total_pids": pids,
+            "default_memory": min(memory, max(512 * MiB, memory // 8)) // MiB * MiB,
+            "default_pids": min(pids, max(256, min(4096, pids // 16)))}
+
+
 def test_default_limits(daemon, sandbox):
-    # No memory or cpu limit unless asked; pids always limited (4096 by default).
+    # Defaults derived from the host: memory and pids always limited, cpu unless asked not.
     parent = daemon.cgroup_parent
-    assert hostutil.memory_limit(parent, sandbox) is None
+    want = host_budget()
+    assert hostutil.memory_limit(parent, sandbox) == want["default_memory"]
     assert hostutil.cpu_limit(parent, sandbox)[0] is None
-    assert hostutil.pids_max(parent, sandbox) == 4096
+    assert hostutil.pids_max(parent, sandbox) == want["default_pids"]
     res = daemon.inspect(sandbox)["sandbox"]["resources"]
-    assert res["pids"] == "4096" and res["memory_bytes"] == "0" and res["cpus"] == 0
+    assert res["pids"] == str(want["default_pids"]), res
+    assert res["memory_bytes"] == str(want["default_memory"]) and res["cpus"] == 0, res
+    # And the budget of all sandboxes together, on the parent cgroup itself.
+    assert hostutil.memory_limit(parent, "") == want["total_memory"]
+    assert hostutil.pids_max(parent, "") == want["total_pids"]
 
 
 def test_memory_limit_applied(daemon, make_sandbox):

@@ -58,7 +58,7 @@ struct CreateOptions {
                         "hostname inside (default: the id's first 12 chars)");
         cmd->add_option("-m,--memory", memory, "memory limit, e.g. 512m, 2g (swap off)");
         cmd->add_option("--cpus", cpus, "cpu limit, fractional allowed");
-        cmd->add_option("--pids", pids, "process limit (default 4096)");
+        cmd->add_option("--pids", pids, "process limit (default: berthd's --default-pids)");
         // A callback, not a plain option: `--storage ""` must be refused, not read as unset.
         cmd->add_option_function<std::string>(
             "--storage",

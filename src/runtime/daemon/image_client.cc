@@ -17,7 +17,7 @@ v1::images::Reply error_reply(uint64_t id, v1::ErrorCode code, const std::string
 }
 
 constexpr const char* kLost =
-    "the image service (berth-images) has exited; restart berthd to get it back";
+    "the image service (berth-images) has exited; berthd is restarting";
 
 }  // namespace
 
@@ -54,13 +54,12 @@ void ImageClient::on_frame(std::string&& payload) {
 void ImageClient::on_lost() {
     if (lost_) return;
     lost_ = true;
-    std::cerr << "berthd: lost berth-images; image requests fail until berthd restarts"
-              << std::endl;
     auto pending = std::move(pending_);
     pending_.clear();
     for (auto& [id, handlers] : pending) {
         if (handlers.done) handlers.done(error_reply(id, v1::UNAVAILABLE, kLost));
     }
+    if (on_lost_) on_lost_();
 }
 
 uint64_t ImageClient::call(v1::images::Request request, std::vector<UniqueFd> fds,

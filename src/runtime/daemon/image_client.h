@@ -42,6 +42,9 @@ class ImageClient {
         std::function<void(v1::ErrorCode, const std::string&, const v1::InspectImageReply&)> done);
 
     bool available() const { return !lost_; }
+    // Runs once when berth-images is gone (its channel closed or broke), after the pending
+    // requests have failed.
+    void set_on_lost(std::function<void()> f) { on_lost_ = std::move(f); }
 
   private:
     void on_frame(std::string&& payload);
@@ -51,6 +54,7 @@ class ImageClient {
     uint64_t next_id_ = 1;
     std::map<uint64_t, Handlers> pending_;
     bool lost_ = false;
+    std::function<void()> on_lost_;
 };
 
 }  // namespace berth::daemon

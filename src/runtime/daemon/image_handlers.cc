@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <iostream>
 
 #include "images.pb.h"
 #include "runtime/daemon/image_client.h"
@@ -114,6 +115,16 @@ void to_client(const v1::images::Reply& reply, v1::ServerMessage& msg) {
 
 void Server::set_images(std::shared_ptr<ImageClient> images) {
     images_ = std::move(images);
+    // berthd, unprivileged by now, cannot start berth-images again: it exits, and its
+    // supervisor (systemd's Restart=on-failure) starts the whole service again, which
+    // reattaches the sandboxes (they run on meanwhile). As for a lost helper.
+    images_->set_on_lost([this] {
+        std::cerr << "berthd: lost berth-images; exiting with status " << kExitChildLost
+                  << " so that the service restarts (sandboxes keep running)" << std::endl;
+        exit_code_ = kExitChildLost;
+        // After the replies already queued (the failed image requests) had a moment.
+        asio::post(io_, [this] { stop(); });
+    });
     set_image_resolver(
         [this](const std::string& reference,
                std::function<void(v1::ErrorCode, const std::string&, const ResolvedImage&)> done) {
@@ -141,7 +152,7 @@ void Server::handle_image(const std::shared_ptr<Session>& session, const v1::Cli
     const uint64_t id = msg.id();
     if (!images_ || !images_->available()) {
         session->send_error(id, v1::UNAVAILABLE,
-                            "the image service (berth-images) is not running; restart berthd");
+                            "the image service (berth-images) is not running; berthd is restarting");
         return;
     }
     if (image_calls_.count({session->id, id})) {

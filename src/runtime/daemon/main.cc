@@ -23,6 +23,7 @@
 #include "cgroup/cgroup.h"
 #include "helper.pb.h"
 #include "images.pb.h"
+#include "runtime/daemon/host_budget.h"
 #include "runtime/daemon/image_client.h"
 #include "runtime/daemon/server.h"
 #include "runtime/wire/frame.h"
@@ -160,6 +161,20 @@ int main(int argc, char** argv) {
         ->transform(CLI::AsSizeValue(false));
     app.add_option("--max-image-entries", max_image_entries,
                    "files, directories and links an image may unpack to (default 4194304)");
+    std::string total_memory = "auto", total_pids = "auto", default_memory = "auto",
+                default_pids = "auto";
+    app.add_option("--total-memory", total_memory,
+                   "memory all sandboxes together may use (berth's parent cgroup): a size, "
+                   "auto (MemTotal less max(1G, 20%)) or none");
+    app.add_option("--total-pids", total_pids,
+                   "tasks all sandboxes together may run: a number, auto (half of "
+                   "min(pid_max, threads-max)) or none");
+    app.add_option("--default-memory", default_memory,
+                   "the memory limit of a sandbox whose create gives none: a size, auto (an "
+                   "eighth of --total-memory, at least 512M) or none");
+    app.add_option("--default-pids", default_pids,
+                   "the pids limit of a sandbox whose create gives none: a number or auto (a "
+                   "sixteenth of --total-pids, 256 to 4096)");
     size_t max_connections = 0, max_connections_per_user = 0;
     double frame_timeout_seconds = 30;
     app.add_option("--max-connections", max_connections,
@@ -183,6 +198,35 @@ int main(int argc, char** argv) {
         default_storage_bytes = *bytes;
     }
     if (socket_path.empty()) socket_path = env_or("BERTH_SOCKET", runtime_dir + "/berth.sock");
+    daemon::HostBudget budget;
+    try {
+        const daemon::HostBudget derived = daemon::derive_budget(daemon::read_host_facts());
+        std::string error;
+        auto option = [&](const char* name, const std::string& text, bool size, uint64_t from_host,
+                          uint64_t* out) {
+            if (!daemon::parse_budget_option(text, size, from_host, out, &error))
+                throw std::runtime_error(std::string(name) + ": " + error);
+        };
+        option("--total-memory", total_memory, true, derived.total_memory, &budget.total_memory);
+        option("--total-pids", total_pids, false, derived.total_pids, &budget.total_pids);
+        // The defaults follow the budget chosen, not the host's.
+        daemon::HostBudget defaults = budget;
+        daemon::derive_defaults(&defaults);
+        uint64_t auto_memory = defaults.default_memory, auto_pids = defaults.default_pids;
+        option("--default-memory", default_memory, true, auto_memory, &budget.default_memory);
+        option("--default-pids", default_pids, false, auto_pids, &budget.default_pids);
+        if (budget.default_pids == 0)
+            throw std::runtime_error("--default-pids: a sandbox must have a pids limit");
+        if (budget.default_memory && budget.default_memory < (uint64_t{4} << 20))
+            throw std::runtime_error("--default-memory: must be at least 4 MiB (or none)");
+        if (budget.total_memory && budget.default_memory > budget.total_memory)
+            throw std::runtime_error("--default-memory: more than --total-memory");
+        if (budget.total_pids && budget.default_pids > budget.total_pids)
+            throw std::runtime_error("--default-pids: more than --total-pids");
+    } catch (const std::exception& e) {
+        std::cerr << "berthd: " << e.what() << std::endl;
+        return 2;
+    }
 
     try {
         if (::geteuid() != 0) {
@@ -218,11 +262,12 @@ int main(int argc, char** argv) {
         check_sys("socketpair", "helper channel",
                   [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair); });
         UniqueFd ours(pair[0]), theirs(pair[1]);
-        start_helper(
-            helper_path, theirs.get(),
-            {"--channel-fd", std::to_string(theirs.get()), "--runtime-dir", runtime_dir,
-             "--state-dir", state_dir, "--service-user", user, "--daemon-uid", std::to_string(uid),
-             "--daemon-gid", std::to_string(gid), "--cgroup-parent", cgroup_parent});
+        start_helper(helper_path, theirs.get(),
+                     {"--channel-fd", std::to_string(theirs.get()), "--runtime-dir", runtime_dir,
+                      "--state-dir", state_dir, "--service-user", user, "--daemon-uid",
+                      std::to_string(uid), "--daemon-gid", std::to_string(gid), "--cgroup-parent",
+                      cgroup_parent, "--total-memory", std::to_string(budget.total_memory),
+                      "--total-pids", std::to_string(budget.total_pids)});
         theirs.reset();
         UniqueFd images_channel =
             start_images(images_path, state_dir, runtime_dir, user, registries_conf, auth_file,
@@ -259,6 +304,7 @@ int main(int argc, char** argv) {
         config.allowed_group_name = group;
         config.cgroup_driver = driver_name;
         config.default_storage_bytes = default_storage_bytes;
+        config.budget = budget;
         config.max_connections = max_connections;
         config.max_connections_per_user = max_connections_per_user;
         config.frame_timeout =
@@ -286,7 +332,7 @@ int main(int argc, char** argv) {
         // exec, and they wait for children of their own.)
         ::signal(SIGCHLD, SIG_IGN);
         io.run();
-        return 0;
+        return server.exit_code();
     } catch (const std::exception& e) {
         std::cerr << "berthd: " << e.what() << std::endl;
         return 1;

@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "base/error.h"
+#include "base/size.h"
 #include "runtime/daemon/exec_operation.h"
 #include "runtime/daemon/file_operation.h"
 #include "runtime/daemon/validate.h"
@@ -20,8 +21,6 @@
 namespace berth::daemon {
 
 namespace {
-
-constexpr uint64_t kDefaultPids = 4096;
 
 std::string new_sandbox_id() {
     unsigned char bytes[16];
@@ -65,7 +64,10 @@ Server::Server(asio::io_context& io, ServerConfig config,
       driver_(std::move(driver)),
       helper_(std::move(helper_channel),
               [this] {
-                  log("lost the helper; exiting (sandboxes keep running)");
+                  log("lost berth-helper; exiting with status " +
+                      std::to_string(kExitChildLost) +
+                      " so that the service restarts (sandboxes keep running)");
+                  exit_code_ = kExitChildLost;
                   stop();
               }),
       registry_(config_.runtime_dir, driver_.get()),
@@ -86,7 +88,13 @@ void Server::start() {
     acceptor_.listen(1024);
     accept_next();
     check_leases();
-    log("listening on " + config_.socket_path + " (cgroup " + config_.cgroup_driver + ")");
+    const HostBudget& b = config_.budget;
+    auto or_none = [](uint64_t v, std::string text) { return v ? text : std::string("no limit"); };
+    log("listening on " + config_.socket_path + " (cgroup " + config_.cgroup_driver +
+        "; all sandboxes: memory " + or_none(b.total_memory, format_size(b.total_memory)) +
+        ", pids " + or_none(b.total_pids, std::to_string(b.total_pids)) +
+        "; each by default: memory " + or_none(b.default_memory, format_size(b.default_memory)) +
+        ", pids " + std::to_string(b.default_pids) + ")");
 }
 
 void Server::stop() {
@@ -340,6 +348,22 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
         session->send_error(id, v1::INVALID_ARGUMENT, error);
         return;
     }
+    // A limit past the budget could never be had: the parent cgroup caps it anyway.
+    const auto& asked = req.resources();
+    if (config_.budget.total_memory && asked.memory_bytes() > config_.budget.total_memory) {
+        session->send_error(id, v1::INVALID_ARGUMENT,
+                            "memory: " + format_size(asked.memory_bytes()) +
+                                " is more than all sandboxes together may use (" +
+                                format_size(config_.budget.total_memory) + ", --total-memory)");
+        return;
+    }
+    if (config_.budget.total_pids && asked.pids() > config_.budget.total_pids) {
+        session->send_error(id, v1::INVALID_ARGUMENT,
+                            "pids: " + std::to_string(asked.pids()) +
+                                " is more than all sandboxes together may run (" +
+                                std::to_string(config_.budget.total_pids) + ", --total-pids)");
+        return;
+    }
     // A host directory as a sandbox's root is the host's file system seen with the
     // sandbox's rights (an id-mapped view: files owned by host root look root-owned
     // inside): only root may choose one. Members make sandboxes from images.
@@ -399,9 +423,11 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
         c->set_rootfs(req.rootfs());
     }
     c->set_hostname(hostname);
-    c->mutable_limits()->set_memory_bytes(r.memory_bytes());
+    const uint64_t memory = r.memory_bytes() ? r.memory_bytes() : config_.budget.default_memory;
+    const uint64_t pids = r.pids() ? r.pids() : config_.budget.default_pids;
+    c->mutable_limits()->set_memory_bytes(memory);
     c->mutable_limits()->set_cpus(r.cpus());
-    c->mutable_limits()->set_pids(r.pids() ? r.pids() : kDefaultPids);
+    c->mutable_limits()->set_pids(pids);
     const uint64_t storage = r.storage_bytes() ? r.storage_bytes() : config_.default_storage_bytes;
     c->mutable_limits()->set_storage_bytes(storage);
 
@@ -419,7 +445,9 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
     }
     info.set_workdir(workdir.empty() ? "/" : workdir);
     *info.mutable_resources() = req.resources();
-    if (!info.resources().pids()) info.mutable_resources()->set_pids(kDefaultPids);
+    // The limits it got, defaults or not.
+    info.mutable_resources()->set_memory_bytes(memory);
+    info.mutable_resources()->set_pids(pids);
     info.mutable_resources()->set_storage_bytes(storage);  // the limit it got, default or not
     info.set_persistent(req.persistent());
     info.set_owner_uid(owner);

@@ -13,6 +13,7 @@
 #include "berth.pb.h"
 #include "runtime/daemon/framed_socket.h"
 #include "runtime/daemon/helper_client.h"
+#include "runtime/daemon/host_budget.h"
 #include "runtime/daemon/sandboxes.h"
 #include "runtime/daemon/validate.h"
 
@@ -32,6 +33,9 @@ struct ServerConfig {
     std::string allowed_group_name = "berth";
     std::string cgroup_driver;           // "v1" | "v2", as the helper reported
     uint64_t default_storage_bytes = 0;  // for creates that give none; 0 = no limit
+    // What all sandboxes may use together (set on the parent cgroup by the helper) and the
+    // memory and pids limits of a create that gives none.
+    HostBudget budget{0, 0, 0, 4096};
     // Client connections berthd keeps open, in all and per uid other than root's (each
     // costs an fd and up to one read of buffer; main.cc sizes them from RLIMIT_NOFILE).
     size_t max_connections = 1024;
@@ -74,6 +78,10 @@ class Session : public std::enable_shared_from_this<Session> {
     std::map<uint64_t, std::shared_ptr<FileOperation>> file_ops;
 };
 
+// berthd's exit status when berth-helper or berth-images died: the service must be started
+// again (docs/architecture.md, "Children's deaths").
+inline constexpr int kExitChildLost = 3;
+
 class Server {
   public:
     Server(asio::io_context& io, ServerConfig config, std::shared_ptr<FramedSocket> helper_channel,
@@ -81,6 +89,9 @@ class Server {
     // Binds the client socket, reattaches to existing sandboxes and starts serving.
     void start();
     void stop();
+    // What main returns once the io loop ends: 0 after a signal, kExitChildLost when a
+    // child service died.
+    int exit_code() const { return exit_code_; }
     // How creates from an image find it (the image service); without one they fail.
     void set_image_resolver(ImageResolver resolver) { resolve_image_ = std::move(resolver); }
     // The image service (berth-images): image requests are forwarded to it, and creates
@@ -121,6 +132,7 @@ class Server {
     void reattach();
     void check_leases();
     bool liveness_unknown_logged_ = false;
+    int exit_code_ = 0;
     bool peer_allowed(int fd, uid_t* uid, std::string* who);
 
     asio::io_context& io_;

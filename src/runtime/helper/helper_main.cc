@@ -60,7 +60,13 @@ int main(int argc, char** argv) {
     app.add_option("--daemon-uid", config.daemon_uid)->required();
     app.add_option("--daemon-gid", config.daemon_gid)->required();
     app.add_option("--cgroup-parent", config.cgroup_parent);
+    uint64_t total_memory = 0, total_pids = 0;
+    app.add_option("--total-memory", total_memory,
+                   "bytes all sandboxes together may use (0: no budget)");
+    app.add_option("--total-pids", total_pids, "tasks all sandboxes together may run (0: none)");
     CLI11_PARSE(app, argc, argv);
+    if (total_memory) config.budget.memory_bytes = total_memory;
+    if (total_pids) config.budget.pids = total_pids;
 
     ::prctl(PR_SET_NAME, "berth-helper");
     // argv strings are contiguous; their span is what a sandbox's init may overwrite.

@@ -146,9 +146,13 @@ void kill_and_wait(int pidfd, const std::string& id) {
         throw_sys("pidfd_send_signal", "init of " + id);
     pollfd pfd{pidfd, POLLIN, 0};
     // init exits only after every process in its pid namespace has: then pidfd is readable.
-    int n = check_sys("poll", "pidfd of " + id, [&] { return ::poll(&pfd, 1, 10000); });
+    // Usually at once; a sandbox thrashing at its memory limit (or berth's) has processes
+    // in uninterruptible page-in or OOM waits that take seconds each to die.
+    constexpr int kWaitMs = 30'000;
+    int n = check_sys("poll", "pidfd of " + id, [&] { return ::poll(&pfd, 1, kWaitMs); });
     if (n == 0)
-        throw HelperError(kUnavailable, "init of sandbox " + id + " did not exit within 10 s");
+        throw HelperError(kUnavailable, "init of sandbox " + id +
+                                            " did not exit within 30 s of SIGKILL; try again");
 }
 
 // Step timings of a create or delete, printed to stderr when BERTH_HELPER_TRACE is set: where the
@@ -222,6 +226,15 @@ SandboxFactory::SandboxFactory(Config config)
                      ? "project quotas on the state filesystem"
                      : "a tmpfs layer per sandbox (the state filesystem has no project quota)");
     sweep_cgroups();
+    // At every start: an admin's change of the budget takes effect on restart.
+    try {
+        driver_->limit_parent(config_.budget);
+    } catch (const std::exception& e) {
+        // EBUSY: the sandboxes that are running use more than the new budget. They go on;
+        // the budget stays as it was until they are fewer.
+        std::fprintf(stderr, "berth-helper: cannot set the budget of all sandboxes: %s\n",
+                     e.what());
+    }
 }
 
 void SandboxFactory::sweep_cgroups() {
@@ -563,6 +576,10 @@ void SandboxFactory::destroy(const std::string& id) {
         live->cgroup = driver_->open(id);
     }
     StepTimer timer("delete");
+    // Every process at once first, init with them: a sandbox at its memory limit (or
+    // berth's) frees it only as its processes die, and init, which waits for the rest of
+    // its pid namespace, would otherwise wait for them to die one by one.
+    if (live->cgroup) live->cgroup->kill();
     if (live->pidfd) kill_and_wait(live->pidfd.get(), id);
     timer.mark("kill");
     if (live->cgroup) {

@@ -26,6 +26,7 @@ struct Config {
     gid_t daemon_gid = 0;
     ns::IdMapping mapping;  // root inside = mapping.uids.host_start outside
     std::string cgroup_parent = "berth";
+    cgroup::Limits budget;  // on the parent cgroup: what all sandboxes together may use
 };
 
 // A request the helper refuses or cannot do. `code` is a berth.v1.ErrorCode.
