@@ -8,10 +8,11 @@
 
 namespace berth::ns {
 
-std::optional<IdRange> find_subordinate_range(const std::string& file, const std::string& user,
-                                              uid_t uid) {
+std::vector<IdRange> subordinate_ranges(const std::string& file, const std::string& user,
+                                        uid_t uid) {
+    std::vector<IdRange> out;
     std::ifstream in(file);
-    if (!in) return std::nullopt;
+    if (!in) return out;
     const std::string uid_text = std::to_string(uid);
     std::string line;
     while (std::getline(in, line)) {
@@ -26,10 +27,32 @@ std::optional<IdRange> find_subordinate_range(const std::string& file, const std
         try {
             unsigned long s = std::stoul(start), c = std::stoul(count);
             if (c == 0 || s + c > 0xffffffffUL) continue;
-            return IdRange{static_cast<uint32_t>(s), static_cast<uint32_t>(c)};
+            out.push_back(IdRange{static_cast<uint32_t>(s), static_cast<uint32_t>(c)});
         } catch (const std::exception&) {
             continue;  // a malformed line is someone else's problem; keep looking
         }
+    }
+    return out;
+}
+
+std::optional<IdRange> find_subordinate_range(const std::string& file, const std::string& user,
+                                              uid_t uid) {
+    auto ranges = subordinate_ranges(file, user, uid);
+    if (ranges.empty()) return std::nullopt;
+    return ranges.front();
+}
+
+std::optional<IdRange> owner_range_for_user(const std::string& user, uid_t uid,
+                                            const IdMapping& mapping,
+                                            const std::string& subuid_file) {
+    const uint64_t mapped_begin = mapping.uids.host_start,
+                   mapped_end = mapped_begin + mapping.uids.count;
+    for (const IdRange& r : subordinate_ranges(subuid_file, user, uid)) {
+        const uint64_t begin = r.host_start, end = begin + r.count;
+        if (begin == mapped_begin && end > mapped_end)  // the mapping's own range, longer
+            return IdRange{static_cast<uint32_t>(mapped_end),
+                           static_cast<uint32_t>(end - mapped_end)};
+        if (end <= mapped_begin || begin >= mapped_end) return r;
     }
     return std::nullopt;
 }

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace berth::ns {
 
@@ -22,6 +23,20 @@ struct IdMapping {
 // Finds `user`'s (name or numeric uid) first range in an /etc/subuid-format file.
 std::optional<IdRange> find_subordinate_range(const std::string& file, const std::string& user,
                                               uid_t uid);
+// All of `user`'s ranges there, in file order.
+std::vector<IdRange> subordinate_ranges(const std::string& file, const std::string& user,
+                                        uid_t uid);
+
+// Host uids to own the sandboxes' user namespaces, one per sandbox: the kernel charges a
+// namespace's per-user counters (inotify instances and watches, user and mount
+// namespaces...: /proc/sys/user, fs.inotify) to its owner as well, so sandboxes owned by
+// root would share root's (a sandbox holding 128 inotify instances made root's
+// inotify_init1 fail). They come from `user`'s subordinate uids past the 65536 the
+// mapping uses: the rest of that range, else its next range that overlaps none mapped.
+// No file and no process ever has these uids. nullopt when there are none.
+std::optional<IdRange> owner_range_for_user(const std::string& user, uid_t uid,
+                                            const IdMapping& mapping,
+                                            const std::string& subuid_file = "/etc/subuid");
 
 // The mapping for sandboxes of a service user, from /etc/subuid and /etc/subgid.
 // Throws with a message that says which file lacks the user and how to fix it.

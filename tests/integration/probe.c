@@ -12,6 +12,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
@@ -124,7 +126,25 @@ static void i386_probes(void) {
 }
 #endif
 
-int main(void) {
+// "berth-probe inotify N": makes up to N inotify instances, prints "inotify=COUNT" and the
+// errno that stopped it ("stopped=EMFILE", or "stopped=none"), then holds them until killed
+// (issue 12: per-user kernel counters must not be shared with root or other sandboxes).
+static _Noreturn void hold_inotify(int wanted) {
+    int made = 0;
+    const char* stopped = "none";
+    for (; made < wanted; ++made) {
+        if (inotify_init1(IN_CLOEXEC) < 0) {
+            stopped = strerrorname_np(errno);
+            break;
+        }
+    }
+    printf("inotify=%d stopped=%s\n", made, stopped ? stopped : "unknown");
+    fflush(stdout);
+    for (;;) pause();
+}
+
+int main(int argc, char** argv) {
+    if (argc == 3 && strcmp(argv[1], "inotify") == 0) hold_inotify(atoi(argv[2]));
     report("keyctl", syscall(SYS_keyctl, KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 1));
     report("add_key",
            syscall(SYS_add_key, "user", "berth-probe", "x", 1, KEY_SPEC_PROCESS_KEYRING));

@@ -56,3 +56,23 @@ TEST(IdMap, MapLineCapsAt65536) {
     EXPECT_EQ(map_line(m.uids), "0 100000 65536\n");
     ::unlink(file.c_str());
 }
+
+TEST(IdMap, OwnerRangeIsWhatTheMappingLeaves) {
+    const IdMapping mapping{{200000, 65536}, {200000, 65536}};
+    // A second range of the user's, apart from the mapped one.
+    auto two = write_temp("berth:200000:65536\nberth:265536:1024\n");
+    auto r = owner_range_for_user("berth", 999, mapping, two);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->host_start, 265536u);
+    EXPECT_EQ(r->count, 1024u);
+    // One longer range: its part past the 65536 mapped.
+    auto longer = write_temp("berth:200000:66560\n");
+    r = owner_range_for_user("berth", 999, mapping, longer);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->host_start, 265536u);
+    EXPECT_EQ(r->count, 1024u);
+    // Only the mapped range, or one overlapping it: none (no uid that could be a file's).
+    auto only = write_temp("berth:200000:65536\nberth:265000:1024\n");
+    EXPECT_FALSE(owner_range_for_user("berth", 999, mapping, only));
+    for (const auto& f : {two, longer, only}) ::unlink(f.c_str());
+}

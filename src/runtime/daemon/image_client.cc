@@ -16,8 +16,7 @@ v1::images::Reply error_reply(uint64_t id, v1::ErrorCode code, const std::string
     return reply;
 }
 
-constexpr const char* kLost =
-    "the image service (berth-images) has exited; berthd is restarting";
+constexpr const char* kLost = "the image service (berth-images) has exited; berthd is restarting";
 
 }  // namespace
 

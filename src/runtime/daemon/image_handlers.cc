@@ -151,8 +151,9 @@ void Server::handle_image(const std::shared_ptr<Session>& session, const v1::Cli
                           std::vector<UniqueFd> fds) {
     const uint64_t id = msg.id();
     if (!images_ || !images_->available()) {
-        session->send_error(id, v1::UNAVAILABLE,
-                            "the image service (berth-images) is not running; berthd is restarting");
+        session->send_error(
+            id, v1::UNAVAILABLE,
+            "the image service (berth-images) is not running; berthd is restarting");
         return;
     }
     if (image_calls_.count({session->id, id})) {

@@ -64,8 +64,7 @@ Server::Server(asio::io_context& io, ServerConfig config,
       driver_(std::move(driver)),
       helper_(std::move(helper_channel),
               [this] {
-                  log("lost berth-helper; exiting with status " +
-                      std::to_string(kExitChildLost) +
+                  log("lost berth-helper; exiting with status " + std::to_string(kExitChildLost) +
                       " so that the service restarts (sandboxes keep running)");
                   exit_code_ = kExitChildLost;
                   stop();

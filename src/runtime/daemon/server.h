@@ -89,6 +89,9 @@ class Server {
     // Binds the client socket, reattaches to existing sandboxes and starts serving.
     void start();
     void stop();
+    // Serves a client connected by other means than the listening socket (the fuzz target
+    // of request dispatch; socket activation later): as if just accepted.
+    void serve(UnixSocket socket) { on_connection(std::move(socket)); }
     // What main returns once the io loop ends: 0 after a signal, kExitChildLost when a
     // child service died.
     int exit_code() const { return exit_code_; }

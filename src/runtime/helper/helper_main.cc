@@ -91,6 +91,8 @@ int main(int argc, char** argv) {
         struct passwd* pw = ::getpwnam(service_user.c_str());
         uid_t service_uid = pw ? pw->pw_uid : config.daemon_uid;
         config.mapping = ns::mapping_for_user(service_user, service_uid);
+        if (auto owners = ns::owner_range_for_user(service_user, service_uid, config.mapping))
+            config.owners = *owners;
         factory = std::make_unique<helper::SandboxFactory>(config);
     } catch (const std::exception& e) {
         std::cerr << "berth-helper: cannot start: " << e.what() << std::endl;

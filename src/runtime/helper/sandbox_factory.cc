@@ -1,12 +1,15 @@
 #include "runtime/helper/sandbox_factory.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <linux/sched.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -15,6 +18,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -103,7 +108,9 @@ void report(int fd, const std::string& text) {
         ::signal(SIGPIPE, SIG_DFL);
         close_all_except({0, 1, 2, plan.go, plan.ready, plan.control, plan.overlay});
         // Now, while our ids are still the host's and our mm dumpable: later /proc/self is
-        // the host root's (see init.h).
+        // the host root's (see init.h). (Dumpable again: the helper's switch to the owner
+        // uid for our clone made its mm, and so our copy, non-dumpable.)
+        ::prctl(PR_SET_DUMPABLE, 1);
         oom_score_adj.reset(::open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC));
         set_title("berth-init");
         // What needs our capabilities over the new namespaces but creates nothing that a
@@ -155,6 +162,44 @@ void kill_and_wait(int pidfd, const std::string& id) {
                                             " did not exit within 30 s of SIGKILL; try again");
 }
 
+// For the span of a clone3(CLONE_NEWUSER): the effective uid `owner`, so that the new user
+// namespace is owned by it and the kernel charges the sandbox's per-user counters
+// (inotify, namespaces...) to that uid, not to root's. The kernel clears the effective
+// capabilities when the effective uid leaves 0 and keeps the permitted ones: they are
+// raised again, and come back by themselves when the uid returns to 0. Our mm becomes
+// non-dumpable on the change (commit_creds); its previous state is put back.
+class OwnerCredentials {
+  public:
+    explicit OwnerCredentials(std::optional<uid_t> owner) : owner_(owner) {
+        if (!owner_) return;
+        dumpable_ = ::prctl(PR_GET_DUMPABLE);
+        check_sys("setresuid", "-1 " + std::to_string(*owner_) + " -1",
+                  [&] { return ::setresuid(-1, *owner_, -1); });
+        __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+        __user_cap_data_struct data[2]{};
+        check_sys("capget", "self", [&] { return ::syscall(SYS_capget, &header, data); });
+        for (auto& d : data) d.effective = d.permitted;
+        check_sys("capset", "effective = permitted",
+                  [&] { return ::syscall(SYS_capset, &header, data); });
+    }
+    OwnerCredentials(const OwnerCredentials&) = delete;
+    OwnerCredentials& operator=(const OwnerCredentials&) = delete;
+    ~OwnerCredentials() {
+        if (!owner_) return;
+        // Cannot fail for root's saved uid; if it did, the helper must not go on as someone
+        // else.
+        if (::setresuid(-1, 0, -1) != 0) {
+            std::perror("berth-helper: setresuid back to 0");
+            std::abort();
+        }
+        if (dumpable_ > 0) ::prctl(PR_SET_DUMPABLE, dumpable_);
+    }
+
+  private:
+    std::optional<uid_t> owner_;
+    int dumpable_ = -1;
+};
+
 // Step timings of a create or delete, printed to stderr when BERTH_HELPER_TRACE is set: where the
 // milliseconds go, on the host at hand.
 class StepTimer {
@@ -189,6 +234,7 @@ struct SandboxFactory::Live {
     std::unique_ptr<cgroup::Cgroup> cgroup;
     uint32_t project_id = 0;  // the project quota bounding its writable layer, if any
     std::string layer_mount;  // a tmpfs layer attached here while the overlay is made
+    uid_t userns_owner = 0;   // the host uid owning its user namespace (0: root)
 };
 
 void set_process_title_area(char* start, size_t length) {
@@ -226,6 +272,28 @@ SandboxFactory::SandboxFactory(Config config)
                      ? "project quotas on the state filesystem"
                      : "a tmpfs layer per sandbox (the state filesystem has no project quota)");
     sweep_cgroups();
+    // The owners of the sandboxes an earlier helper made stay theirs.
+    if (DIR* d = ::opendir(sandboxes.c_str())) {
+        while (dirent* e = ::readdir(d)) {
+            if (!valid_sandbox_id(e->d_name)) continue;
+            try {
+                auto j =
+                    nlohmann::json::parse(read_file(sandboxes + "/" + e->d_name + "/state.json"));
+                if (uid_t owner = j.value("userns_owner", 0u)) owners_in_use_.insert(owner);
+            } catch (const std::exception&) {
+                // A half-made sandbox: it has no user namespace left to own.
+            }
+        }
+        ::closedir(d);
+    }
+    if (config_.owners.count == 0) {
+        std::fprintf(stderr,
+                     "berth-helper: sandboxes' user namespaces are owned by root, sharing "
+                     "root's per-user kernel counters (inotify...): give berth subordinate "
+                     "uids past its 65536 (usermod --add-subuids %u-%u berth)\n",
+                     config_.mapping.uids.host_start + config_.mapping.uids.count,
+                     config_.mapping.uids.host_start + config_.mapping.uids.count + 1023);
+    }
     // At every start: an admin's change of the budget takes effect on restart.
     try {
         driver_->limit_parent(config_.budget);
@@ -366,6 +434,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
                 if (live->cgroup) live->cgroup->remove();
                 if (!live->layer_mount.empty()) ::umount2(live->layer_mount.c_str(), MNT_DETACH);
                 if (live->project_id) self->storage_->release_project(live->project_id);
+                if (live->userns_owner) self->owners_in_use_.erase(live->userns_owner);
                 remove_tree(run);
                 remove_tree(state);
             } catch (const std::exception&) {
@@ -448,9 +517,15 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         args.cgroup = static_cast<uint64_t>(cg);
     }
     timer.mark("overlay");
-    pid_t pid = static_cast<pid_t>(check_sys(
-        "clone3", "sandbox " + id, [&] { return ::syscall(SYS_clone3, &args, sizeof args); }));
-    if (pid == 0) sandbox_child(plan);
+    const std::optional<uid_t> owner = take_owner();
+    if (owner) live->userns_owner = *owner;
+    pid_t pid;
+    {
+        OwnerCredentials as_owner(owner);
+        pid = static_cast<pid_t>(::syscall(SYS_clone3, &args, sizeof args));
+        if (pid == 0) sandbox_child(plan);  // (never returns)
+    }
+    if (pid < 0) throw_sys("clone3", "sandbox " + id);
 
     live->pid = pid;
     live->pidfd.reset(pidfd);
@@ -529,6 +604,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         {"hostname", req.hostname()},
         {"storage_bytes", storage_bytes},
         {"project_id", live->project_id},
+        {"userns_owner", live->userns_owner},
     };
     // Written after the reply is sent (run_deferred): it is only read by a daemon that
     // restarts, and a file write is a good part of a create's time.
@@ -565,6 +641,7 @@ void SandboxFactory::destroy(const std::string& id) {
             pid_t pid = j.at("init_pid").get<pid_t>();
             uint64_t start = j.at("init_start_time").get<uint64_t>();
             live->project_id = j.value("project_id", 0u);
+            live->userns_owner = j.value("userns_owner", 0u);
             int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
             if (fd >= 0) {
                 UniqueFd pidfd(fd);
@@ -600,6 +677,18 @@ void SandboxFactory::destroy(const std::string& id) {
     janitor_.discard(run, kRunTrash, id);
     janitor_.discard(state, kStateTrash, id);
     timer.mark("discard");
+    if (live->userns_owner) owners_in_use_.erase(live->userns_owner);
+}
+
+std::optional<uid_t> SandboxFactory::take_owner() {
+    if (config_.owners.count == 0) return std::nullopt;
+    for (uint32_t i = 0; i < config_.owners.count; ++i) {
+        const uid_t uid = config_.owners.host_start + i;
+        if (owners_in_use_.insert(uid).second) return uid;
+    }
+    throw HelperError(kUnavailable, "all " + std::to_string(config_.owners.count) +
+                                        " user namespace owner uids are in use (one per "
+                                        "sandbox; add subordinate uids to berth's range)");
 }
 
 }  // namespace berth::helper

@@ -7,6 +7,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 
 #include "base/unique_fd.h"
@@ -25,6 +27,9 @@ struct Config {
     uid_t daemon_uid = 0;     // who may connect to each init's control socket
     gid_t daemon_gid = 0;
     ns::IdMapping mapping;  // root inside = mapping.uids.host_start outside
+    // Host uids that own the sandboxes' user namespaces, one each (ns::owner_range_for_user);
+    // count 0: root owns them (and they share root's per-user kernel counters).
+    ns::IdRange owners;
     std::string cgroup_parent = "berth";
     cgroup::Limits budget;  // on the parent cgroup: what all sandboxes together may use
 };
@@ -74,6 +79,10 @@ class SandboxFactory {
     ns::SeccompProgram seccomp_;
     std::unique_ptr<Storage> storage_;  // how --storage is enforced on this state filesystem
     std::map<std::string, std::unique_ptr<Live>> live_;
+    // Owner uids of the user namespaces of the sandboxes that exist (this helper's and
+    // earlier ones', from their state files): a new sandbox takes the lowest free one.
+    std::set<uid_t> owners_in_use_;
+    std::optional<uid_t> take_owner();
     std::function<void()> deferred_;
     bool oom_adjust_refused_ = false;  // this host's root may not lower oom_score_adj
 };
