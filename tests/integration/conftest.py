@@ -87,7 +87,17 @@ def base_dir(require_root):
     d = Path(tempfile.mkdtemp(prefix="berth-it-", dir=str(parent)))
     d.chmod(0o755)
     yield d
+    # Every daemon's log, those of tests that made their own included: a sanitized build
+    # must not have reported anything anywhere.
+    reports = []
+    for log in sorted(d.glob("d*/berthd.log")):
+        text = log.read_text(errors="replace")
+        reports += [f"{log.parent.name}: {line}" for line in text.splitlines()
+                    if "ERROR: AddressSanitizer" in line or "runtime error:" in line]
     shutil.rmtree(d, ignore_errors=True)
+    if reports:
+        pytest.fail("sanitizer reports in berthd logs:\n" + "\n".join(reports[:30]),
+                    pytrace=False)
 
 
 def _build_probe(dest: Path):
@@ -281,6 +291,17 @@ class Daemon:
         return self.state_dir / "sandboxes" / sandbox_id / "upper"
 
     # ---- cleanup -----------------------------------------------------------------------
+    def sanitizer_reports(self) -> list:
+        """Lines of AddressSanitizer and UBSan reports in berthd's log (its children's stderr
+        goes there too): a sanitized build (BERTH_BUILD_DIR=build-asan) must have none."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return []
+        return [line for line in text.splitlines()
+                if "ERROR: AddressSanitizer" in line or "runtime error:" in line
+                or "ERROR: LeakSanitizer" in line]
+
     def cleanup(self) -> list:
         """Deletes every sandbox, stops berthd, removes the cgroup parent. Returns problems."""
         problems = []
@@ -318,6 +339,9 @@ class Daemon:
                     d.rmdir()
                 except OSError as e:
                     problems.append(f"rmdir {d}: {e}")
+        reports = self.sanitizer_reports()
+        if reports:
+            problems.append("sanitizer reports in berthd's log:\n" + "\n".join(reports[:20]))
         return problems
 
 

@@ -313,8 +313,8 @@ def test_an_exec_input_flood_is_held_at_the_client(flood_daemon):
 
     flood_rounds(d, sid, flood, bound=24 * MiB)
     # Closing the connection (above) ended each exec although berthd was not reading it.
-    hostutil.wait_for(lambda: not any(hostutil.comm(p) == "sleep"
-                                      for p in hostutil.all_pids()), 10,
+    init_pid = int(d.inspect(sid)["sandbox"]["init_pid"])
+    hostutil.wait_for(lambda: not hostutil.workload_procs(d.cgroup_parent, sid, init_pid), 10,
                       what="the flooded execs' sleep to be killed")
 
 

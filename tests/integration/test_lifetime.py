@@ -235,10 +235,18 @@ def snapshot(d):
         "runtime sandboxes entries": len(os.listdir(d.runtime_dir / "sandboxes")),
         "runtime meta entries": len(os.listdir(d.runtime_dir / "meta")),
         "state sandboxes entries": len(os.listdir(d.state_dir / "sandboxes")),
+        # What deletes hand the janitor, emptied in the background.
+        "trash entries": sum(len(os.listdir(t)) for t in (d.state_dir / "trash",
+                                                           d.runtime_dir / "trash")
+                             if t.is_dir()),
     }
 
 
-def test_200_cycles_leave_nothing_behind(fresh_daemon, busybox_rootfs):
+# BERTH_TEST_CYCLES=1000 for the figure of issue 12's closing note; 200 in CI.
+CYCLES = int(os.environ.get("BERTH_TEST_CYCLES", "200"))
+
+
+def test_cycles_leave_nothing_behind(fresh_daemon, busybox_rootfs):
     d = fresh_daemon
     c = d.connect(timeout=30)
 
@@ -253,7 +261,7 @@ def test_200_cycles_leave_nothing_behind(fresh_daemon, busybox_rootfs):
     try:
         before = snapshot(d)  # taken and compared with our connection open
         t0 = time.monotonic()
-        for i in range(200):
+        for i in range(CYCLES):
             cycle(i)
         elapsed = time.monotonic() - t0
         try:
@@ -262,11 +270,12 @@ def test_200_cycles_leave_nothing_behind(fresh_daemon, busybox_rootfs):
         except AssertionError:  # report what differs
             after = snapshot(d)
             changed = {k: (before[k], after[k]) for k in before if after[k] != before[k]}
-            assert not changed, f"left behind after 200 cycles (before, after): {changed}"
+            assert not changed, f"left behind after {CYCLES} cycles (before, after): {changed}"
     finally:
         c.close()
-    print(f"200 create/exec/delete cycles: {elapsed:.1f} s ({elapsed / 200 * 1000:.0f} ms each)")
-    assert elapsed < 60, f"200 cycles took {elapsed:.1f} s"
+    print(f"{CYCLES} create/exec/delete cycles: {elapsed:.1f} s "
+          f"({elapsed / CYCLES * 1000:.0f} ms each), nothing left: {sorted(before.items())}")
+    assert elapsed < 0.3 * CYCLES, f"{CYCLES} cycles took {elapsed:.1f} s"
 
 
 def daemon_heap_kib(d) -> int:
