@@ -24,6 +24,9 @@ constexpr size_t kDevMajor = 329, kDevMinor = 337, kDevLen = 8;
 constexpr size_t kPrefix = 345, kPrefixLen = 155;
 
 void put_string(char* block, size_t off, size_t len, std::string_view s) {
+    // An empty field (no linkname, no owner name) may have no data pointer at all, and
+    // memcpy from null is undefined even for 0 bytes (UBSan found it).
+    if (s.empty()) return;
     std::memcpy(block + off, s.data(), std::min(len, s.size()));
 }
 

@@ -32,6 +32,10 @@ BERTHD = BUILD_DIR / "src/runtime/berthd"
 BERTH = BUILD_DIR / "src/runtime/berth"
 HELPER = BUILD_DIR / "src/runtime/berth-helper"
 IMAGES = BUILD_DIR / "src/runtime/berth-images"
+# The sanitized run (scripts/test) takes berthd, berth-helper (berth-init is the helper's
+# fork) and the CLI from build-asan, and berth-images from the regular build: its workers
+# run in a root without /proc, where ASan cannot find their stacks and reports nonsense.
+IMAGES = Path(os.environ.get("BERTH_TEST_IMAGES_BINARY") or IMAGES)
 BUSYBOX = Path("/bin/busybox")
 HERE = Path(__file__).resolve().parent
 
@@ -92,12 +96,30 @@ def base_dir(require_root):
     reports = []
     for log in sorted(d.glob("d*/berthd.log")):
         text = log.read_text(errors="replace")
-        reports += [f"{log.parent.name}: {line}" for line in text.splitlines()
-                    if "ERROR: AddressSanitizer" in line or "runtime error:" in line]
+        reports += [f"{log.parent.name}: {line}" for line in sanitizer_lines(log.parent, text)]
     shutil.rmtree(d, ignore_errors=True)
     if reports:
         pytest.fail("sanitizer reports in berthd logs:\n" + "\n".join(reports[:30]),
                     pytrace=False)
+
+
+# A daemon driven out of fds on purpose (Daemon(nofile=...)) leaves this file in its dir:
+# UBSan's vptr check itself needs an fd (it probes memory through a pipe) and reports every
+# virtual call as "invalid vptr" while there is none. Its other reports still count.
+EMFILE_MARKER = "out-of-fds-on-purpose"
+
+
+def sanitizer_lines(daemon_dir: Path, text: str) -> list:
+    noisy = (daemon_dir / EMFILE_MARKER).exists()
+    out = []
+    for line in text.splitlines():
+        if "ERROR: AddressSanitizer" in line or "ERROR: LeakSanitizer" in line:
+            out.append(line)
+        elif "runtime error:" in line:
+            if noisy and "which does not point to an object of type" in line:
+                continue
+            out.append(line)
+    return out
 
 
 def _build_probe(dest: Path):
@@ -165,6 +187,8 @@ class Daemon:
         self.max_frame = max_frame
         self.extra_args = list(extra_args)
         self.nofile = nofile
+        if nofile is not None:
+            (self.dir / EMFILE_MARKER).touch()
         self.log_path = self.dir / "berthd.log"
         self.proc = None
         self.helper_pid = None
@@ -178,6 +202,8 @@ class Daemon:
                 "--cgroup-parent", self.cgroup_parent, "--lease", str(self.lease)]
         if self.max_frame is not None:
             args += ["--max-frame", str(self.max_frame)]
+        if os.environ.get("BERTH_TEST_IMAGES_BINARY"):
+            args += ["--images", str(IMAGES)]
         args += self.extra_args
         env = {k: v for k, v in os.environ.items() if not k.startswith("BERTH_")}
         env.update(self.extra_env)
@@ -298,9 +324,7 @@ class Daemon:
             text = self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return []
-        return [line for line in text.splitlines()
-                if "ERROR: AddressSanitizer" in line or "runtime error:" in line
-                or "ERROR: LeakSanitizer" in line]
+        return sanitizer_lines(self.dir, text)
 
     def cleanup(self) -> list:
         """Deletes every sandbox, stops berthd, removes the cgroup parent. Returns problems."""

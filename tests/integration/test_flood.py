@@ -28,6 +28,7 @@ from conftest import Daemon
 from members import ensure_user
 
 MiB = 1 << 20
+SANITIZED = bool(os.environ.get("BERTH_TEST_SANITIZED"))  # scripts/test's ASan+UBSan run
 
 
 # ---- what berthd holds ---------------------------------------------------------------------
@@ -275,12 +276,16 @@ def flood_rounds(d: Daemon, sid: str, flood, bound: int, rounds: int = 3):
             # Another client is served while the flood is held.
             served_in_time(d, sid)
             peaks.append(peak_rss(pid))
-        hostutil.wait_for(lambda: rss(pid) <= base + 8 * MiB, 10,
-                          what=f"berthd's RSS back near {base >> 20} MiB")
+        if not SANITIZED:
+            hostutil.wait_for(lambda: rss(pid) <= base + 8 * MiB, 10,
+                              what=f"berthd's RSS back near {base >> 20} MiB")
     grown = max(peaks) - base
     print(f"peak RSS {max(peaks) >> 20} MiB (base {base >> 20} MiB, +{grown / MiB:.1f} MiB)")
-    assert grown <= bound, (f"berthd's peak RSS grew by {grown / MiB:.0f} MiB "
-                            f"(bound {bound >> 20} MiB)")
+    # (A sanitized berthd keeps freed memory in ASan's quarantine: there the floods are run
+    # for what ASan finds, and the bound is the regular build's to hold.)
+    if not SANITIZED:
+        assert grown <= bound, (f"berthd's peak RSS grew by {grown / MiB:.0f} MiB "
+                                f"(bound {bound >> 20} MiB)")
     assert_running(d, sid)
 
 

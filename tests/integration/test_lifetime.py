@@ -312,7 +312,9 @@ def test_daemon_memory_flat_over_many_execs_and_connections(fresh_daemon, busybo
         c.delete(sb.id)
         c.close()
     # 300 execs and 150 connections; one leaked exec alone was ~134 KiB.
-    assert grown < 4096, f"berthd's heap grew by {grown} KiB over 300 execs"
+    # (Not under ASan: its quarantine holds freed memory by design.)
+    if not os.environ.get("BERTH_TEST_SANITIZED"):
+        assert grown < 4096, f"berthd's heap grew by {grown} KiB over 300 execs"
 
 
 def test_a_restart_removes_cgroups_that_belong_to_no_sandbox(fresh_daemon, busybox_rootfs):

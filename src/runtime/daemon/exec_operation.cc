@@ -9,6 +9,7 @@
 #include "base/unique_fd.h"
 #include "runtime/daemon/init_connection.h"
 #include "runtime/daemon/server.h"
+#include "runtime/wire/error_codes.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::daemon {
@@ -145,9 +146,7 @@ void ExecOperation::on_init_frame(FramedSocket::Event event, std::string&& paylo
         return;
     }
     if (msg.has_failed()) {
-        uint32_t code = msg.failed().code();
-        if (!v1::ErrorCode_IsValid(static_cast<int>(code)) || code == 0) code = v1::INTERNAL;
-        finish_with_error(static_cast<v1::ErrorCode>(code), msg.failed().message());
+        finish_with_error(wire::error_code_from_peer(msg.failed().code()), msg.failed().message());
     } else if (msg.has_started()) {
         if (auto session = session_.lock()) {
             v1::ServerMessage reply;

@@ -9,6 +9,7 @@
 #include "base/size.h"
 #include "runtime/daemon/init_connection.h"
 #include "runtime/daemon/server.h"
+#include "runtime/wire/error_codes.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::daemon {
@@ -202,9 +203,7 @@ void FileOperation::on_init_frame(FramedSocket::Event event, std::string&& paylo
         return;
     }
     if (msg.has_failed()) {  // init could not start the worker
-        uint32_t code = msg.failed().code();
-        if (!v1::ErrorCode_IsValid(static_cast<int>(code)) || code == 0) code = v1::INTERNAL;
-        finish_with_error(static_cast<v1::ErrorCode>(code), msg.failed().message());
+        finish_with_error(wire::error_code_from_peer(msg.failed().code()), msg.failed().message());
         return;
     }
     if (!msg.has_file_result()) {
@@ -216,8 +215,7 @@ void FileOperation::on_init_frame(FramedSocket::Event event, std::string&& paylo
 
 void FileOperation::reply(const v1::init::FileResult& result) {
     if (result.has_failed()) {
-        uint32_t code = result.failed().code();
-        if (!v1::ErrorCode_IsValid(static_cast<int>(code)) || code == 0) code = v1::INTERNAL;
+        const v1::ErrorCode code = wire::error_code_from_peer(result.failed().code());
         std::string message = result.failed().message();
         // What is full when a write inside a bounded sandbox fails for space is its own
         // writable layer (a tmpfs of that size, or its project quota): say so, and how big.

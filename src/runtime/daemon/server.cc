@@ -16,6 +16,7 @@
 #include "runtime/daemon/exec_operation.h"
 #include "runtime/daemon/file_operation.h"
 #include "runtime/daemon/validate.h"
+#include "runtime/wire/error_codes.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::daemon {
@@ -32,11 +33,6 @@ std::string new_sandbox_id() {
         id += hex[b & 15];
     }
     return id;
-}
-
-v1::ErrorCode code_from_helper(uint32_t code) {
-    if (code == 0 || !v1::ErrorCode_IsValid(static_cast<int>(code))) return v1::INTERNAL;
-    return static_cast<v1::ErrorCode>(code);
 }
 
 void log(const std::string& line) {
@@ -461,7 +457,8 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
         auto session = weak.lock();
         if (!reply.error().empty()) {
             if (session)
-                session->send_error(id, code_from_helper(reply.error_code()), reply.error());
+                session->send_error(id, wire::error_code_from_peer(reply.error_code()),
+                                    reply.error());
             return;
         }
         const auto& created = reply.created();
@@ -582,7 +579,7 @@ void Server::delete_sandbox(const std::string& sandbox_id,
     helper_.call(std::move(hreq), [this, sandbox_id, done](const v1::helper::Reply& reply) {
         if (!reply.error().empty() && reply.error_code() != v1::NOT_FOUND) {
             if (Sandbox* s = registry_.by_id(sandbox_id)) s->deleting = false;
-            done(code_from_helper(reply.error_code()), reply.error());
+            done(wire::error_code_from_peer(reply.error_code()), reply.error());
             return;
         }
         registry_.remove(sandbox_id);

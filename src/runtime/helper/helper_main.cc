@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
         std::cerr << "berth-helper: cannot start: " << e.what() << std::endl;
         v1::helper::Reply fatal;
         fatal.set_error(std::string("berth-helper cannot start: ") + e.what());
-        fatal.set_error_code(6);
+        fatal.set_error_code(v1::UNAVAILABLE);
         try {
             wire::write_frame(channel, fatal);
         } catch (...) {
@@ -127,7 +127,7 @@ int main(int argc, char** argv) {
         reply.set_id(request.id());
         try {
             if (status != wire::ReadStatus::ok) {
-                throw helper::HelperError(1, "malformed helper request");
+                throw helper::HelperError(v1::INVALID_ARGUMENT, "malformed helper request");
             } else if (request.has_create()) {
                 *reply.mutable_created() = factory->create(request.create());
             } else if (request.has_delete_()) {
@@ -136,14 +136,14 @@ int main(int argc, char** argv) {
             } else if (request.has_get_storage()) {
                 *reply.mutable_storage() = factory->storage_usage(request.get_storage().id());
             } else {
-                throw helper::HelperError(1, "unknown helper request");
+                throw helper::HelperError(v1::INVALID_ARGUMENT, "unknown helper request");
             }
         } catch (const helper::HelperError& e) {
             reply.set_error(e.what());
             reply.set_error_code(e.code);
         } catch (const std::exception& e) {
             reply.set_error(e.what());
-            reply.set_error_code(7);
+            reply.set_error_code(v1::INTERNAL);
         }
         try {
             wire::write_frame(channel, reply);

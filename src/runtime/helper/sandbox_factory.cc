@@ -34,8 +34,10 @@ namespace berth::helper {
 
 namespace {
 
-constexpr uint32_t kInvalidArgument = 1, kNotFound = 2, kPermissionDenied = 3, kAlreadyExists = 8,
-                   kInternal = 7, kUnavailable = 6;
+constexpr v1::ErrorCode kInvalidArgument = v1::INVALID_ARGUMENT, kNotFound = v1::NOT_FOUND,
+                        kPermissionDenied = v1::PERMISSION_DENIED,
+                        kAlreadyExists = v1::ALREADY_EXISTS, kInternal = v1::INTERNAL,
+                        kUnavailable = v1::UNAVAILABLE;
 
 // The janitor's trash directories, in the order the factory gives them.
 constexpr size_t kRunTrash = 0, kStateTrash = 1;

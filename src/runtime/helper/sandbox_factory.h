@@ -12,6 +12,7 @@
 #include <string>
 
 #include "base/unique_fd.h"
+#include "berth.pb.h"
 #include "cgroup/cgroup.h"
 #include "helper.pb.h"
 #include "ns/idmap.h"
@@ -34,11 +35,11 @@ struct Config {
     cgroup::Limits budget;  // on the parent cgroup: what all sandboxes together may use
 };
 
-// A request the helper refuses or cannot do. `code` is a berth.v1.ErrorCode.
+// A request the helper refuses or cannot do, and the code berthd passes to the client.
 struct HelperError : std::runtime_error {
-    HelperError(uint32_t code, const std::string& message)
+    HelperError(v1::ErrorCode code, const std::string& message)
         : std::runtime_error(message), code(code) {}
-    uint32_t code;
+    v1::ErrorCode code;
 };
 
 class SandboxFactory {

@@ -24,7 +24,8 @@ namespace berth::helper {
 
 namespace {
 
-constexpr uint32_t kInvalidArgument = 1, kResourceExhausted = 4;
+constexpr v1::ErrorCode kInvalidArgument = v1::INVALID_ARGUMENT,
+                        kResourceExhausted = v1::RESOURCE_EXHAUSTED;
 
 // Project ids berth hands out: above the small ids admins give by hand (/etc/projid), below
 // 2^31 (some tools print ids as signed).

@@ -15,6 +15,7 @@
 #include "rootfs-tools/bootstrap.h"
 #include "rootfs-tools/image_lookup.h"
 #include "runtime/images/pulling.h"
+#include "runtime/wire/error_codes.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::images_service {
@@ -46,18 +47,8 @@ std::pair<v1::ErrorCode, std::string> classify(std::exception_ptr e, v1::ErrorCo
     } catch (const std::invalid_argument& x) {
         return {v1::INVALID_ARGUMENT, x.what()};
     } catch (const SysError& x) {
-        switch (x.code()) {
-            case ECANCELED:
-                return {v1::CANCELED, "canceled"};
-            case EACCES:
-            case EPERM:
-                return {v1::PERMISSION_DENIED, x.what()};
-            case ENOSPC:
-            case EDQUOT:
-                return {v1::RESOURCE_EXHAUSTED, x.what()};
-            default:
-                return {fallback, x.what()};
-        }
+        if (x.code() == ECANCELED) return {v1::CANCELED, "canceled"};
+        return {wire::error_code_for_errno(x.code(), fallback), x.what()};
     } catch (const std::exception& x) {
         return {v1::INTERNAL, x.what()};
     }

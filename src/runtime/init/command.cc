@@ -23,15 +23,10 @@ namespace berth::init {
 
 namespace {
 
-// Mirrors berth.v1.ErrorCode; the daemon passes these through to the client.
-enum Code : uint32_t {
-    kInvalidArgument = 1,
-    kNotFound = 2,
-    kPermissionDenied = 3,
-    kResourceExhausted = 4,
-    kInternal = 7,
-};
-
+// The codes a failed spawn reports (the daemon passes them through to the client).
+constexpr v1::ErrorCode kInvalidArgument = v1::INVALID_ARGUMENT, kNotFound = v1::NOT_FOUND,
+                        kPermissionDenied = v1::PERMISSION_DENIED,
+                        kResourceExhausted = v1::RESOURCE_EXHAUSTED, kInternal = v1::INTERNAL;
 constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 // What the command's child reports through its close-on-exec pipe when it cannot exec.

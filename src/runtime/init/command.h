@@ -8,12 +8,13 @@
 #include <vector>
 
 #include "base/unique_fd.h"
+#include "berth.pb.h"
 #include "init.pb.h"
 
 namespace berth::init {
 
 struct CommandFailure {
-    uint32_t code;  // berth.v1.ErrorCode
+    v1::ErrorCode code;
     std::string message;
 };
 

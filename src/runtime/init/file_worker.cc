@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "berth.pb.h"
 #include "runtime/init/users.h"
+#include "runtime/wire/error_codes.h"
 #include "runtime/wire/frame.h"
 #include "transfer/archive.h"
 #include "transfer/file_ops.h"
@@ -19,47 +20,11 @@ namespace berth::init {
 
 namespace {
 
-// berth.v1.ErrorCode values (init.proto carries them as numbers).
-constexpr uint32_t kInvalidArgument = 1, kNotFound = 2, kPermissionDenied = 3,
-                   kResourceExhausted = 4, kUnavailable = 6, kInternal = 7, kAlreadyExists = 8,
-                   kCanceled = 9;
-static_assert(kCanceled == v1::CANCELED && kAlreadyExists == v1::ALREADY_EXISTS);
-
-uint32_t code_for_errno(int err) {
-    switch (err) {
-        case ENOENT:
-            return kNotFound;
-        case EACCES:
-        case EPERM:
-        case EROFS:
-            return kPermissionDenied;
-        case ENOSPC:
-        case EDQUOT:
-        case EMFILE:
-        case ENFILE:
-        case ENOMEM:
-        case EFBIG:
-            return kResourceExhausted;
-        case EEXIST:
-        case ENOTEMPTY:
-            return kAlreadyExists;
-        case EPIPE:
-            return kUnavailable;  // the client closed its end of the stream
-        case ECANCELED:
-            return kCanceled;
-        case ENOTDIR:
-        case EISDIR:
-        case EINVAL:
-        case ENAMETOOLONG:
-        case ELOOP:
-        case EXDEV:
-        case EBUSY:
-        case EBADMSG:
-            return kInvalidArgument;
-        default:
-            return kInternal;
-    }
-}
+constexpr v1::ErrorCode kInvalidArgument = v1::INVALID_ARGUMENT, kNotFound = v1::NOT_FOUND,
+                        kPermissionDenied = v1::PERMISSION_DENIED,
+                        kResourceExhausted = v1::RESOURCE_EXHAUSTED, kUnavailable = v1::UNAVAILABLE,
+                        kInternal = v1::INTERNAL, kAlreadyExists = v1::ALREADY_EXISTS,
+                        kCanceled = v1::CANCELED;
 
 // The resolver to use: BERTH_TRANSFER_RESOLVER (automatic, openat2, walk) from berthd's
 // environment lets tests run both on one kernel.
@@ -73,9 +38,9 @@ transfer::Resolver configured_resolver() {
 
 // A failure that is not a system call's: its message stands alone.
 struct OperationError : std::runtime_error {
-    OperationError(uint32_t code, const std::string& message)
+    OperationError(v1::ErrorCode code, const std::string& message)
         : std::runtime_error(message), code(code) {}
-    uint32_t code;
+    v1::ErrorCode code;
 };
 
 // An owner spec ("" = root, name, uid, name:group, uid:gid) as uid/gid in the sandbox.
@@ -178,7 +143,7 @@ void run_file_op(int connection, const v1::init::FileOp& op, std::vector<UniqueF
     try {
         result = perform(connection, op, fds);
     } catch (const SysError& e) {
-        result.mutable_failed()->set_code(code_for_errno(e.code()));
+        result.mutable_failed()->set_code(wire::error_code_for_errno(e.code()));
         result.mutable_failed()->set_message(e.what());
     } catch (const OperationError& e) {
         result.mutable_failed()->set_code(e.code);

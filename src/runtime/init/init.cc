@@ -36,7 +36,8 @@ void harden_init(const ns::SeccompProgram& seccomp) {
 
 namespace {
 
-constexpr uint32_t kInvalidArgument = 1, kResourceExhausted = 4;
+constexpr v1::ErrorCode kInvalidArgument = v1::INVALID_ARGUMENT,
+                        kResourceExhausted = v1::RESOURCE_EXHAUSTED;
 
 // One exec: the daemon's connection and the command's pid.
 struct Exec {
@@ -53,7 +54,7 @@ void send(int fd, const v1::init::FromSandbox& msg) {
     }
 }
 
-void send_failure(int fd, uint32_t code, const std::string& message) {
+void send_failure(int fd, v1::ErrorCode code, const std::string& message) {
     v1::init::FromSandbox msg;
     msg.mutable_failed()->set_code(code);
     msg.mutable_failed()->set_message(message);
