@@ -45,6 +45,18 @@ struct Dirs {
 // Holds a freezer cgroup FROZEN for the scope: frozen tasks can neither fork nor exit, so one
 // pass over cgroup.procs reaches every process and no listed pid is recycled before we signal
 // it. Thawing on exit lets the queued SIGKILLs take effect.
+// memory.limit_in_bytes of `dir`, unlimited when unset, with no room for swap: memsw
+// (memory+swap) must never be below limit_in_bytes, so it is lifted first and set equal to
+// the limit afterwards.
+void write_memory_limit(const std::string& dir, std::optional<uint64_t> bytes) {
+    const std::string mem = bytes ? std::to_string(*bytes) : "-1";
+    const std::string memsw = dir + "/memory.memsw.limit_in_bytes";
+    const bool has_memsw = exists(memsw);
+    if (has_memsw) write_file(memsw, "-1");
+    write_file(dir + "/memory.limit_in_bytes", mem);
+    if (has_memsw) write_file(memsw, mem);
+}
+
 class Freeze {
   public:
     explicit Freeze(const std::string& dir) : state_(dir.empty() ? "" : dir + "/freezer.state") {
@@ -118,14 +130,7 @@ class V1Cgroup final : public Cgroup {
 
     // Sets every limit, unset ones to unlimited, so a reused cgroup carries nothing over.
     void apply(const Limits& limits) {
-        const std::string mem = limits.memory_bytes ? std::to_string(*limits.memory_bytes) : "-1";
-        // memsw (memory+swap) must never be below limit_in_bytes, so lift it first; setting it
-        // equal to the limit afterwards leaves no room for swap.
-        const std::string memsw = d_.memory + "/memory.memsw.limit_in_bytes";
-        const bool has_memsw = exists(memsw);
-        if (has_memsw) write_file(memsw, "-1");
-        write_file(d_.memory + "/memory.limit_in_bytes", mem);
-        if (has_memsw) write_file(memsw, mem);
+        write_memory_limit(d_.memory, limits.memory_bytes);
 
         write_file(d_.cpu + "/cpu.cfs_period_us", std::to_string(kCpuPeriodUs));
         write_file(d_.cpu + "/cpu.cfs_quota_us",
@@ -184,12 +189,7 @@ class V1Driver final : public Driver {
         for (const std::string& dir : dirs.unique()) make_dir(dir);
         // Hierarchical on v1 too: use_hierarchy is always on in the kernels berth supports
         // (writes of 0 are refused since 6.x, and it is inherited from the root).
-        const std::string mem = budget.memory_bytes ? std::to_string(*budget.memory_bytes) : "-1";
-        const std::string memsw = dirs.memory + "/memory.memsw.limit_in_bytes";
-        const bool has_memsw = exists(memsw);
-        if (has_memsw) write_file(memsw, "-1");
-        write_file(dirs.memory + "/memory.limit_in_bytes", mem);
-        if (has_memsw) write_file(memsw, mem);
+        write_memory_limit(dirs.memory, budget.memory_bytes);
         write_file(dirs.pids + "/pids.max", budget.pids ? std::to_string(*budget.pids) : "max");
     }
 
