@@ -155,10 +155,9 @@ void FramedSocket::settle_buffer() {
 void FramedSocket::arm_frame_timer() {
     if (frame_timer_armed_ || stopped_reading_ || !socket_.is_open()) return;
     if (!frame_timer_) frame_timer_ = std::make_unique<asio::steady_timer>(socket_.get_executor());
-    frame_deadline_ = std::chrono::steady_clock::now() + limits_->frame_timeout;
     frame_start_seen_ = in_begin_;
     frame_timer_armed_ = true;
-    frame_timer_->expires_at(frame_deadline_);
+    frame_timer_->expires_after(limits_->frame_timeout);
     auto self = shared_from_this();
     frame_timer_->async_wait([this, self](boost::system::error_code ec) {
         frame_timer_armed_ = false;

@@ -123,7 +123,6 @@ class FramedSocket : public std::enable_shared_from_this<FramedSocket> {
     size_t charged_ = 0, pending_fds_ = 0;
     std::unique_ptr<asio::steady_timer> frame_timer_;
     bool frame_timer_armed_ = false;
-    std::chrono::steady_clock::time_point frame_deadline_;
     uint64_t frame_start_seen_ = 0;  // in_begin_ when the frame timer was last set
     // Received bytes not yet delivered; in_begin_ is the stream offset of in_[0].
     std::string in_;
