@@ -134,10 +134,9 @@ int main(int argc, char** argv) {
                                : "");
         auto line = [&](const char* name, const std::vector<double>& v) {
             Summary s = summarize(v);
-            std::printf("  %-22s p50 %8.1f ms  p90 %8.1f  max %8.1f  (n %zu)\n", name, s.p50,
-                        s.p90, s.max, s.n);
-            out[mode][name] = {{"p50_ms", s.p50}, {"p90_ms", s.p90}, {"max_ms", s.max},
-                               {"n", s.n}};
+            std::printf("  %-22s p50 %8.1f ms  p90 %8.1f  max %8.1f  (n %zu)\n", name, s.p50, s.p90,
+                        s.max, s.n);
+            out[mode][name] = {{"p50_ms", s.p50}, {"p90_ms", s.p90}, {"max_ms", s.max}, {"n", s.n}};
         };
         line("create", r.create);
         line("create_light_trials", r.create_light);

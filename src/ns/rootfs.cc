@@ -13,8 +13,10 @@
 #include <array>
 #include <vector>
 
+#include "base/child_process.h"
 #include "base/error.h"
 #include "base/files.h"
+#include "base/pipe.h"
 
 namespace berth::ns {
 
@@ -115,31 +117,28 @@ void mask(const std::string& path) {
 
 UniqueFd make_userns_fd(const IdMapping& mapping) {
     // A short-lived child unshares a user namespace; we map it and keep a handle to it.
-    int ready[2], done[2];
-    check_sys("pipe2", "userns template", [&] { return ::pipe2(ready, O_CLOEXEC); });
-    UniqueFd ready_read(ready[0]), ready_write(ready[1]);
-    check_sys("pipe2", "userns template", [&] { return ::pipe2(done, O_CLOEXEC); });
-    UniqueFd done_read(done[0]), done_write(done[1]);
-    pid_t child = check_sys("fork", "userns template", [] { return ::fork(); });
-    if (child == 0) {
-        ready_read.reset();
-        done_write.reset();  // or our own copy would keep the read below from seeing EOF
+    Pipe ready = make_pipe("userns template"), done = make_pipe("userns template");
+    const int ready_write = ready.write.get(), done_read = done.read.get();
+    // (Our end of `done` is not the child's: its read below sees EOF when we close ours.)
+    ChildProcess child = ChildProcess::fork("userns template", {ready_write, done_read}, [&] {
         char byte = ::unshare(CLONE_NEWUSER) == 0 ? 'k' : 'e';
-        if (::write(ready_write.get(), &byte, 1) != 1) ::_exit(1);
-        ssize_t ignored = ::read(done_read.get(), &byte, 1);  // until the parent is done
+        if (::write(ready_write, &byte, 1) != 1) return 1;
+        ssize_t ignored = ::read(done_read, &byte, 1);  // until the parent is done
         (void)ignored;
-        ::_exit(0);
-    }
-    ready_write.reset();
-    done_read.reset();
+        return 0;
+    });
+    ready.write.reset();
+    done.read.reset();
+    UniqueFd& ready_read = ready.read;
+    UniqueFd& done_write = done.write;
     char byte = 0;
     ssize_t n = ::read(ready_read.get(), &byte, 1);
     UniqueFd result;
     std::string error = "the child could not unshare CLONE_NEWUSER";
     if (n == 1 && byte == 'k') {
         try {
-            write_id_maps(child, mapping);
-            const std::string ns = "/proc/" + std::to_string(child) + "/ns/user";
+            write_id_maps(child.pid(), mapping);
+            const std::string ns = "/proc/" + std::to_string(child.pid()) + "/ns/user";
             result.reset(
                 check_sys("open", ns, [&] { return ::open(ns.c_str(), O_RDONLY | O_CLOEXEC); }));
         } catch (const SysError& e) {
@@ -147,7 +146,7 @@ UniqueFd make_userns_fd(const IdMapping& mapping) {
         }
     }
     done_write.reset();
-    ::waitpid(child, nullptr, 0);
+    child.wait();
     if (!result) throw std::runtime_error("cannot create the template user namespace: " + error);
     return result;
 }

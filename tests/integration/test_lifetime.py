@@ -414,6 +414,9 @@ def test_a_dead_janitor_is_replaced(fresh_daemon, busybox_rootfs):
     sid = d.create(busybox_rootfs)
     d.cli_ok("exec", sid, "--", "sh", "-c", "mkdir -p /a/b/c && echo x > /a/b/c/f")
     d.cli_ok("rm", sid)
+    # (Named by itself as it starts: a moment after the fork.)
+    hostutil.wait_for(lambda: janitors() and janitors()[0] != old[0], 10,
+                      what="a new janitor")
     new = janitors()
     assert len(new) == 1 and new[0] != old[0], new
     assert not os.path.exists(f"/proc/{old[0]}"), "the dead janitor was left a zombie"

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/pipe.h"
 #include "base/unique_fd.h"
 #include "transfer/archive.h"
 #include "transfer/root.h"
@@ -332,9 +333,7 @@ int ImageCommands::export_image(Client& c) {
             ::fstatat(root.fd(), "oci-layout", &dst, AT_SYMLINK_NOFOLLOW) == 0)
             throw std::runtime_error(path_ + " holds an image layout already");
     }
-    int ends[2];
-    if (::pipe2(ends, O_CLOEXEC) != 0) throw_sys("pipe2", "export");
-    UniqueFd read_end(ends[0]), write_end(ends[1]);
+    auto [read_end, write_end] = make_pipe("export");
     std::exception_ptr extract_error;
     std::thread extractor([&] {
         try {

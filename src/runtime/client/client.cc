@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "base/pipe.h"
 #include "runtime/wire/frame.h"
 
 namespace berth::client {
@@ -165,12 +166,15 @@ v1::CopyReply Client::copy_out_to_pipe(v1::CopyOut request, int pipe_write_end) 
 v1::CopyReply Client::copy(v1::ClientMessage request, bool upload,
                            const std::function<void(int)>& stream,
                            const std::vector<int>& side_files) {
-    int ends[2];
-    if (::pipe2(ends, O_CLOEXEC) != 0)
-        throw ClientError(v1::RESOURCE_EXHAUSTED, std::string("pipe2: ") + std::strerror(errno));
-    UniqueFd read_end(ends[0]), write_end(ends[1]);
+    Pipe ends;
+    try {
+        ends = make_pipe("copy stream");
+    } catch (const SysError& e) {
+        throw ClientError(v1::RESOURCE_EXHAUSTED, e.what());
+    }
+    UniqueFd read_end = std::move(ends.read), write_end = std::move(ends.write);
     // Fewer wakeups per megabyte; the default 64 KiB pipe costs throughput.
-    ::fcntl(ends[0], F_SETPIPE_SZ, 1 << 20);
+    ::fcntl(read_end.get(), F_SETPIPE_SZ, 1 << 20);
     UniqueFd ours = upload ? std::move(write_end) : std::move(read_end);
     UniqueFd theirs = upload ? std::move(read_end) : std::move(write_end);
 

@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include "base/error.h"
+#include "base/pipe.h"
 #include "base/unique_fd.h"
 #include "runtime/daemon/init_connection.h"
 #include "runtime/daemon/server.h"
@@ -45,19 +47,17 @@ void ExecOperation::start(const v1::Exec& request) {
         finish_with_error(v1::INVALID_ARGUMENT, "empty argv: give a command to run");
         return;
     }
-    UniqueFd out_r, out_w, err_r, err_w, in_r, in_w;
-    auto make_pipe = [](UniqueFd& read_end, UniqueFd& write_end) {
-        int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0) return false;
-        read_end.reset(fds[0]);
-        write_end.reset(fds[1]);
-        return true;
-    };
-    if (!make_pipe(out_r, out_w) || !make_pipe(err_r, err_w) ||
-        (request.stdin() && !make_pipe(in_r, in_w))) {
-        finish_with_error(v1::RESOURCE_EXHAUSTED, std::string("pipe2: ") + std::strerror(errno));
+    Pipe out, err, in;
+    try {
+        out = make_pipe("exec stdout");
+        err = make_pipe("exec stderr");
+        if (request.stdin()) in = make_pipe("exec stdin");
+    } catch (const SysError& e) {
+        finish_with_error(v1::RESOURCE_EXHAUSTED, e.what());
         return;
     }
+    UniqueFd &out_r = out.read, &out_w = out.write, &err_r = err.read, &err_w = err.write,
+             &in_r = in.read, &in_w = in.write;
 
     if (cgroup_) {
         try {

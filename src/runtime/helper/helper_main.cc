@@ -1,7 +1,8 @@
 // berth-helper: the privileged part of berth. Started by berthd (as root) before it drops
-// its privileges; serves typed requests on one socketpair, one at a time, and does only
-// what those requests name. It never sees client bytes.
+// its privileges; serves typed requests on one socketpair (deletes beside the rest), and
+// does only what those requests name. It never sees client bytes.
 #include <grp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <sched.h>
 #include <signal.h>
@@ -112,7 +113,29 @@ int main(int argc, char** argv) {
         wire::write_frame(channel, hello);
     }
 
+    // Requests are served in turn, except deletes, which run beside them (begin_delete):
+    // their replies go out as their reapers finish, matched by id.
+    auto send = [&](const v1::helper::Reply& reply) {
+        try {
+            wire::write_frame(channel, reply);
+            return true;
+        } catch (const std::exception& e) {
+            std::cerr << "berth-helper: " << e.what() << std::endl;
+            return false;
+        }
+    };
     for (;;) {
+        std::vector<pollfd> fds{{channel, POLLIN, 0}};
+        for (int fd : factory->deletion_fds()) fds.push_back({fd, POLLIN, 0});
+        if (::poll(fds.data(), fds.size(), -1) < 0) {
+            if (errno == EINTR) continue;
+            std::cerr << "berth-helper: poll: " << std::strerror(errno) << std::endl;
+            return 1;
+        }
+        for (const auto& reply : factory->finish_deletions())
+            if (!send(reply)) return 1;
+        if (fds[0].revents == 0) continue;
+
         v1::helper::Request request;
         wire::ReadStatus status;
         try {
@@ -121,18 +144,29 @@ int main(int argc, char** argv) {
             std::cerr << "berth-helper: " << e.what() << std::endl;
             return 1;
         }
-        // berthd is gone: leave the sandboxes running for the next daemon to reattach.
-        if (status == wire::ReadStatus::eof) return 0;
+        if (status == wire::ReadStatus::eof) {
+            // berthd is gone: leave the sandboxes running for the next daemon to reattach,
+            // and finish the deletes begun (nobody hears their replies; a sandbox whose
+            // delete failed is found by the next daemon and deleted again).
+            while (factory->deletions_in_progress()) {
+                std::vector<pollfd> pending;
+                for (int fd : factory->deletion_fds()) pending.push_back({fd, POLLIN, 0});
+                ::poll(pending.data(), pending.size(), -1);
+                factory->finish_deletions();
+            }
+            return 0;
+        }
         v1::helper::Reply reply;
         reply.set_id(request.id());
+        bool replied_later = false;
         try {
             if (status != wire::ReadStatus::ok) {
                 throw helper::HelperError(v1::INVALID_ARGUMENT, "malformed helper request");
             } else if (request.has_create()) {
                 *reply.mutable_created() = factory->create(request.create());
             } else if (request.has_delete_()) {
-                factory->destroy(request.delete_().id());
-                reply.mutable_deleted();
+                factory->begin_delete(request.delete_().id(), request.id());
+                replied_later = true;
             } else if (request.has_get_storage()) {
                 *reply.mutable_storage() = factory->storage_usage(request.get_storage().id());
             } else {
@@ -141,16 +175,13 @@ int main(int argc, char** argv) {
         } catch (const helper::HelperError& e) {
             reply.set_error(e.what());
             reply.set_error_code(e.code);
+            replied_later = false;
         } catch (const std::exception& e) {
             reply.set_error(e.what());
             reply.set_error_code(v1::INTERNAL);
+            replied_later = false;
         }
-        try {
-            wire::write_frame(channel, reply);
-        } catch (const std::exception& e) {
-            std::cerr << "berth-helper: " << e.what() << std::endl;
-            return 1;
-        }
+        if (!replied_later && !send(reply)) return 1;
         try {
             factory->run_deferred();
         } catch (const std::exception& e) {

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/child_process.h"
 #include "base/error.h"
 #include "base/files.h"
 
@@ -20,23 +21,21 @@ namespace {
 
 // The janitor's life: sweep, wait for a poke, sweep again; on EOF (the helper closed its
 // end, or died) a last sweep, then exit. Never returns.
-[[noreturn]] void janitor_main(int poke, const std::vector<std::string>& dirs) {
+// It holds nothing of the helper's but stderr (ChildProcess::fork closes the rest): berthd
+// must see EOF on the helper's channel when the helper dies, not when the janitor is done.
+int janitor_main(int poke, const std::vector<std::string>& dirs) {
     ::prctl(PR_SET_NAME, "berth-janitor");
-    // Hold nothing of the helper's but stderr: berthd must see EOF on the helper's channel
-    // when the helper dies, not when the janitor is done.
-    if (poke > 3) ::close_range(3, static_cast<unsigned>(poke) - 1, 0);
-    ::close_range(static_cast<unsigned>(poke) + 1, ~0U, 0);
     for (;;) {
         sweep_trash(dirs);
         char buf[256];
         ssize_t n = ::read(poke, buf, sizeof buf);  // pokes sent meanwhile coalesce here
         if (n == 0) {
             sweep_trash(dirs);
-            ::_exit(0);
+            return 0;
         }
         if (n < 0 && errno != EINTR) {
             std::fprintf(stderr, "berth-janitor: read: %s\n", std::strerror(errno));
-            ::_exit(1);
+            return 1;
         }
     }
 }
@@ -87,17 +86,20 @@ void Janitor::start() {
     check_sys("socketpair", "janitor",
               [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds); });
     UniqueFd read_end(fds[0]), write_end(fds[1]);
-    pid_ = check_sys("fork", "berth-janitor", [] { return ::fork(); });
-    if (pid_ == 0) {
-        write_end.reset();
-        janitor_main(read_end.get(), trash_);
-    }
+    const int poke = read_end.get();
+    process_ =
+        ChildProcess::fork("berth-janitor", {poke}, [&] { return janitor_main(poke, trash_); });
     read_end.reset();
     ::shutdown(write_end.get(), SHUT_RD);
     poke_ = std::move(write_end);
 }
 
-Janitor::~Janitor() = default;  // closing poke_ tells the janitor to finish and exit
+Janitor::~Janitor() {
+    // Closing poke_ tells the janitor to finish its sweep and exit: not killed, not waited
+    // for (a helper that exits leaves it to finish on its own).
+    poke_.reset();
+    process_.release();
+}
 
 void Janitor::discard(const std::string& path, size_t trash, const std::string& name) {
     const std::string target = trash_.at(trash) + "/" + name;
@@ -115,10 +117,9 @@ void Janitor::discard(const std::string& path, size_t trash, const std::string& 
         // this path included.
         const int err = errno;
         poke_.reset();
-        int status = 0;
-        ::waitpid(pid_, &status, 0);
         std::fprintf(stderr, "berth-helper: the janitor %d is gone (%s); starting another\n",
-                     static_cast<int>(pid_), std::strerror(err));
+                     static_cast<int>(process_.pid()), std::strerror(err));
+        process_.kill_and_wait();  // reaped (and were it only stuck, ended)
         try {
             start();
             return;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/child_process.h"
 #include "base/unique_fd.h"
 
 namespace berth::helper {
@@ -32,7 +33,7 @@ class Janitor {
     // no janitor can be started, it is removed here and now. Throws SysError if that fails.
     void discard(const std::string& path, size_t trash, const std::string& name);
 
-    pid_t pid() const { return pid_; }
+    pid_t pid() const { return process_.pid(); }
 
   private:
     // Forks a janitor (it sweeps the trash as it starts). A dead one is replaced at the
@@ -41,7 +42,7 @@ class Janitor {
 
     std::vector<std::string> trash_;
     UniqueFd poke_;  // our end of the janitor's socket: one byte = "look again"
-    pid_t pid_ = -1;
+    ChildProcess process_;
 };
 
 // Removes every entry of each directory in `dirs` (not the directories). Reports failures

@@ -23,8 +23,10 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "base/child_process.h"
 #include "base/error.h"
 #include "base/files.h"
+#include "base/pipe.h"
 #include "base/proc.h"
 #include "ns/net.h"
 #include "ns/rootfs.h"
@@ -150,18 +152,19 @@ void report(int fd, const std::string& text) {
 }
 
 // Kills a sandbox's init (and so its whole pid namespace) and waits until it is gone.
-void kill_and_wait(int pidfd, const std::string& id) {
+void kill_and_wait(int pidfd, const std::string& id, std::chrono::seconds wait) {
     if (::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0) != 0 && errno != ESRCH)
         throw_sys("pidfd_send_signal", "init of " + id);
     pollfd pfd{pidfd, POLLIN, 0};
     // init exits only after every process in its pid namespace has: then pidfd is readable.
     // Usually at once; a sandbox thrashing at its memory limit (or berth's) has processes
     // in uninterruptible page-in or OOM waits that take seconds each to die.
-    constexpr int kWaitMs = 30'000;
-    int n = check_sys("poll", "pidfd of " + id, [&] { return ::poll(&pfd, 1, kWaitMs); });
+    const int wait_ms = static_cast<int>(std::chrono::milliseconds(wait).count());
+    int n = check_sys("poll", "pidfd of " + id, [&] { return ::poll(&pfd, 1, wait_ms); });
     if (n == 0)
-        throw HelperError(kUnavailable, "init of sandbox " + id +
-                                            " did not exit within 30 s of SIGKILL; try again");
+        throw HelperError(kUnavailable, "init of sandbox " + id + " did not exit within " +
+                                            std::to_string(wait.count()) +
+                                            " s of SIGKILL; try again");
 }
 
 // For the span of a clone3(CLONE_NEWUSER): the effective uid `owner`, so that the new user
@@ -432,7 +435,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         ~Undo() {
             if (*committed) return;
             try {
-                if (live->pidfd) kill_and_wait(live->pidfd.get(), "(failed create)");
+                if (live->pidfd)
+                    kill_and_wait(live->pidfd.get(), "(failed create)", std::chrono::seconds(30));
                 if (live->cgroup) live->cgroup->remove();
                 if (!live->layer_mount.empty()) ::umount2(live->layer_mount.c_str(), MNT_DETACH);
                 if (live->project_id) self->storage_->release_project(live->project_id);
@@ -499,11 +503,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         live->layer_mount.clear();
     }
 
-    int go[2], ready[2];
-    check_sys("pipe2", "go", [&] { return ::pipe2(go, O_CLOEXEC); });
-    UniqueFd go_read(go[0]), go_write(go[1]);
-    check_sys("pipe2", "ready", [&] { return ::pipe2(ready, O_CLOEXEC); });
-    UniqueFd ready_read(ready[0]), ready_write(ready[1]);
+    auto [go_read, go_write] = make_pipe("go");
+    auto [ready_read, ready_write] = make_pipe("ready");
 
     ChildPlan plan{go_read.get(),   ready_write.get(), control.get(), overlay.get(),
                    run + "/rootfs", req.hostname(),    &seccomp_};
@@ -624,9 +625,38 @@ void SandboxFactory::run_deferred() {
     if (work) work();
 }
 
-void SandboxFactory::destroy(const std::string& id) {
+struct SandboxFactory::Deletion {
+    std::unique_ptr<Live> live;
+    ChildProcess reaper;
+    UniqueFd outcome;                // the reaper's report (see reap_sandbox)
+    std::vector<uint64_t> requests;  // every delete request waiting on this one
+};
+
+namespace {
+
+// How long a delete waits for a killed init: a sandbox thrashing at its memory limit (or
+// berth's) has processes in page-in or OOM waits that take seconds each to die. Only this
+// delete waits (in its reaper).
+constexpr std::chrono::seconds kDeleteWait{120};
+
+// A reaper's report: one byte, 0 (done) or the v1::ErrorCode it failed with, then what
+// went wrong.
+void report_outcome(int fd, v1::ErrorCode code, const std::string& message) {
+    std::string text(1, static_cast<char>(code));
+    text += message.substr(0, 4000);
+    ssize_t ignored = ::write(fd, text.data(), text.size());
+    (void)ignored;
+}
+
+}  // namespace
+
+void SandboxFactory::begin_delete(const std::string& id, uint64_t request_id) {
     if (!valid_sandbox_id(id))
         throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
+    if (auto it = deleting_.find(id); it != deleting_.end()) {
+        it->second.requests.push_back(request_id);
+        return;
+    }
     const std::string run = sandbox_runtime_dir(id), state = sandbox_state_dir(id);
     auto it = live_.find(id);
     std::unique_ptr<Live> live;
@@ -647,39 +677,139 @@ void SandboxFactory::destroy(const std::string& id) {
             int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
             if (fd >= 0) {
                 UniqueFd pidfd(fd);
-                if (start != 0 && process_start_time(pid) == start) live->pidfd = std::move(pidfd);
+                if (start != 0 && process_start_time(pid) == start) {
+                    live->pid = pid;
+                    live->pidfd = std::move(pidfd);
+                }
             }
         } catch (const std::exception&) {
             // No usable state: nothing to kill, clean up what is on disk.
         }
         live->cgroup = driver_->open(id);
     }
-    StepTimer timer("delete");
-    // Every process at once first, init with them: a sandbox at its memory limit (or
-    // berth's) frees it only as its processes die, and init, which waits for the rest of
-    // its pid namespace, would otherwise wait for them to die one by one.
-    if (live->cgroup) live->cgroup->kill();
-    if (live->pidfd) kill_and_wait(live->pidfd.get(), id);
-    timer.mark("kill");
-    if (live->cgroup) {
-        live->cgroup->kill();
-        live->cgroup->remove();
+    Deletion deletion;
+    try {
+        Pipe outcome = make_pipe("delete of " + id);
+        const int report = outcome.write.get();
+        const int pidfd = live->pidfd ? live->pidfd.get() : -1;
+        cgroup::Cgroup* cg = live->cgroup.get();
+        deletion.reaper = ChildProcess::fork("berth-helper: delete of " + id, {report, pidfd}, [&] {
+            ::prctl(PR_SET_NAME, "berth-reaper");
+            try {
+                StepTimer timer("delete");
+                // Every process at once first, init with them: a sandbox at its memory
+                // limit (or berth's) frees it only as its processes die, and init, which
+                // waits for the rest of its pid namespace, would otherwise wait for them to
+                // die one by one.
+                if (cg) cg->kill();
+                if (pidfd >= 0) kill_and_wait(pidfd, id, kDeleteWait);
+                timer.mark("kill");
+                if (cg) {
+                    cg->kill();
+                    cg->remove();
+                }
+                timer.mark("cgroup");
+                report_outcome(report, v1::ERROR_CODE_UNSPECIFIED, "");
+                return 0;
+            } catch (const HelperError& e) {
+                report_outcome(report, e.code, e.what());
+            } catch (const std::exception& e) {
+                report_outcome(report, kInternal, e.what());
+            }
+            return 1;
+        });
+        deletion.outcome = std::move(outcome.read);
+    } catch (...) {
+        live_[id] = std::move(live);  // as it was: a later delete tries again
+        throw;
     }
-    timer.mark("cgroup");
-    if (live->project_id) {
-        // Its limit goes now; what it holds is counted under its id until the janitor has
-        // removed it, so the id is not handed out again before (Storage::limit_project).
+    deletion.live = std::move(live);
+    deletion.requests.push_back(request_id);
+    deleting_.emplace(id, std::move(deletion));
+}
+
+std::vector<int> SandboxFactory::deletion_fds() const {
+    std::vector<int> fds;
+    for (const auto& [id, d] : deleting_) fds.push_back(d.reaper.pidfd());
+    return fds;
+}
+
+std::vector<v1::helper::Reply> SandboxFactory::finish_deletions() {
+    std::vector<v1::helper::Reply> replies;
+    for (auto it = deleting_.begin(); it != deleting_.end();) {
+        if (!it->second.reaper.wait(std::chrono::milliseconds(0))) {
+            ++it;
+            continue;
+        }
+        auto done = finish_delete(it->first, it->second);
+        replies.insert(replies.end(), done.begin(), done.end());
+        it = deleting_.erase(it);
+    }
+    return replies;
+}
+
+std::vector<v1::helper::Reply> SandboxFactory::finish_delete(const std::string& id,
+                                                             Deletion& deletion) {
+    std::string outcome;
+    char buf[4096];
+    for (;;) {
+        ssize_t n = ::read(deletion.outcome.get(), buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        outcome.append(buf, static_cast<size_t>(n));
+    }
+    v1::ErrorCode code = kInternal;
+    std::string error = "the reaper of sandbox " + id + " died before it was done";
+    if (!outcome.empty()) {
+        const auto value = static_cast<unsigned char>(outcome[0]);
+        code = v1::ErrorCode_IsValid(value) ? static_cast<v1::ErrorCode>(value) : kInternal;
+        error = outcome.substr(1);
+    }
+    Live& live = *deletion.live;
+    if (code == v1::ERROR_CODE_UNSPECIFIED) {
+        error.clear();
+        if (live.project_id) {
+            // Its limit goes now; what it holds is counted under its id until the janitor
+            // has removed it, so the id is not handed out again before
+            // (Storage::limit_project).
+            try {
+                storage_->release_project(live.project_id);
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "berth-helper: deleting %s: %s\n", id.c_str(), e.what());
+            }
+        }
+        // Out of sight now (a restarting daemon finds no trace to reattach), off the disk
+        // soon.
         try {
-            storage_->release_project(live->project_id);
+            janitor_.discard(sandbox_runtime_dir(id), kRunTrash, id);
+            janitor_.discard(sandbox_state_dir(id), kStateTrash, id);
+            if (live.userns_owner) owners_in_use_.erase(live.userns_owner);
+        } catch (const HelperError& e) {
+            code = e.code;
+            error = e.what();
         } catch (const std::exception& e) {
-            std::fprintf(stderr, "berth-helper: deleting %s: %s\n", id.c_str(), e.what());
+            code = kInternal;
+            error = e.what();
         }
     }
-    // Out of sight now (a restarting daemon finds no trace to reattach), off the disk soon.
-    janitor_.discard(run, kRunTrash, id);
-    janitor_.discard(state, kStateTrash, id);
-    timer.mark("discard");
-    if (live->userns_owner) owners_in_use_.erase(live->userns_owner);
+    if (!error.empty()) {
+        // As it was (what the reaper did is done again harmlessly): deleting it again
+        // tries again.
+        live_[id] = std::move(deletion.live);
+    }
+    std::vector<v1::helper::Reply> replies;
+    for (uint64_t request : deletion.requests) {
+        v1::helper::Reply reply;
+        reply.set_id(request);
+        if (error.empty()) {
+            reply.mutable_deleted();
+        } else {
+            reply.set_error(error);
+            reply.set_error_code(code);
+        }
+        replies.push_back(std::move(reply));
+    }
+    return replies;
 }
 
 std::optional<uid_t> SandboxFactory::take_owner() {
@@ -718,6 +848,7 @@ UniqueFd SandboxFactory::find_init(const std::string& id, pid_t* pid) {
 v1::helper::StorageUsage SandboxFactory::storage_usage(const std::string& id) {
     if (!valid_sandbox_id(id))
         throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
+    if (deleting_.count(id)) throw HelperError(kNotFound, "sandbox " + id + " is being deleted");
     pid_t pid = -1;
     UniqueFd pidfd = find_init(id, &pid);
     if (!pidfd) throw HelperError(kNotFound, "sandbox " + id + " is not running");

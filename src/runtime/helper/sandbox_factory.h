@@ -48,10 +48,25 @@ class SandboxFactory {
     ~SandboxFactory();
 
     v1::helper::Created create(const v1::helper::Create& request);
-    // Kills every process of the sandbox and removes its cgroup; its layers and state are
-    // moved out of the way and removed in the background (Janitor).
-    // A sandbox this helper did not create (a previous helper did) is found by its state file.
-    void destroy(const std::string& id);
+
+    // Deleting kills every process of the sandbox and removes its cgroup; then its layers
+    // and state are moved out of the way and removed in the background (Janitor). A
+    // sandbox this helper did not create (a previous helper did) is found by its state file.
+    //
+    // The killing and waiting run in a process of their own (a reaper), not here: a
+    // sandbox full of processes takes a second to empty, one thrashing at a memory limit
+    // tens of them, and the helper meanwhile goes on with creates and other deletes. A
+    // delete of a sandbox already being deleted joins it. Throws HelperError for what is
+    // refused at once (a bad id, no such sandbox); the reply of `request_id` otherwise
+    // comes from finish_deletions().
+    void begin_delete(const std::string& id, uint64_t request_id);
+    // Readable fds (one per delete in progress): poll them, then call finish_deletions().
+    std::vector<int> deletion_fds() const;
+    // The replies of every delete whose reaper is done (empty: none is). A reaper that
+    // failed (an init still exiting after its wait) leaves the sandbox as it was: deleting
+    // it again tries again.
+    std::vector<v1::helper::Reply> finish_deletions();
+    size_t deletions_in_progress() const { return deleting_.size(); }
     // How full the sandbox's writable layer is (statfs of its root, through its init).
     v1::helper::StorageUsage storage_usage(const std::string& id);
 
@@ -80,6 +95,10 @@ class SandboxFactory {
     ns::SeccompProgram seccomp_;
     std::unique_ptr<Storage> storage_;  // how --storage is enforced on this state filesystem
     std::map<std::string, std::unique_ptr<Live>> live_;
+    struct Deletion;
+    std::map<std::string, Deletion> deleting_;
+    // The delete of `id` once its reaper is done: replies for each request waiting on it.
+    std::vector<v1::helper::Reply> finish_delete(const std::string& id, Deletion& deletion);
     // Owner uids of the user namespaces of the sandboxes that exist (this helper's and
     // earlier ones', from their state files): a new sandbox takes the lowest free one.
     std::set<uid_t> owners_in_use_;

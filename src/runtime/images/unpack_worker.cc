@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <random>
 
+#include "base/child_process.h"
 #include "base/error.h"
 #include "base/unique_fd.h"
 #include "ns/security.h"
@@ -58,8 +59,9 @@ bool read_byte(int fd, char* c) {
 // The forked child, up to execve: only async-signal-safe calls (berth-images has threads).
 [[noreturn]] void exec_worker(int binary, int channel, int parent_end, int blob, int scratch,
                               int cancel, const WorkerRoot& root, pid_t parent) {
-    // Our copy of berth-images' end would keep the handshake from ever seeing it go.
-    ::close(parent_end);
+    // (Our copy of berth-images' end, which would keep the handshake from ever seeing it go,
+    // is closed already: ChildProcess::fork keeps only what it is told.)
+    (void)parent_end;
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(119);
     if (::unshare(CLONE_NEWUSER) != 0) ::_exit(120);
@@ -140,33 +142,17 @@ v1::unpack::Unpacked run_worker(const std::string& binary, const ns::IdMapping& 
     // directory by fd, through directories it could not search by path).
     static const WorkerRoot root = make_worker_root(worker_root_staging(), /*proc=*/false);
     const pid_t parent = ::getpid();
-    const pid_t pid = check_sys("fork", "unpack worker", [] { return ::fork(); });
-    if (pid == 0)
-        exec_worker(binary_fd.get(), theirs.get(), ours.get(), in_fd, scratch_fd.get(), cancel_fd,
-                    root, parent);
+    ChildProcess worker = ChildProcess::fork(
+        "unpack worker", {binary_fd.get(), theirs.get(), in_fd, scratch_fd.get(), cancel_fd},
+        [&]() -> int {
+            exec_worker(binary_fd.get(), theirs.get(), ours.get(), in_fd, scratch_fd.get(),
+                        cancel_fd, root, parent);
+        });
+    const pid_t pid = worker.pid();
     theirs.reset();
-    struct Reap {
-        pid_t pid;
-        int status = 0;
-        bool done = false;
-        int wait() {
-            if (!done) {
-                while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-                }
-                done = true;
-            }
-            return status;
-        }
-        ~Reap() {
-            if (!done) {
-                ::kill(pid, SIGKILL);
-                wait();
-            }
-        }
-    } reap{pid};
     auto died = [&](const std::string& when) {
         ours.reset();
-        const int st = reap.wait();
+        const int st = worker.wait();
         return std::runtime_error("the unpack worker for " + dest + " " + when + " (" +
                                   (WIFSIGNALED(st)
                                        ? "killed by signal " + std::to_string(WTERMSIG(st))
@@ -194,7 +180,7 @@ v1::unpack::Unpacked run_worker(const std::string& binary, const ns::IdMapping& 
     }
     if (got != wire::ReadStatus::ok) throw died("gave no answer");
     ours.reset();
-    const int st = reap.wait();
+    const int st = worker.wait();
     if (result.has_failure()) {
         const auto& f = result.failure();
         switch (f.kind()) {

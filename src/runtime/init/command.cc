@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
+#include "base/pipe.h"
 #include "ns/security.h"
 #include "runtime/init/process_tree.h"
 #include "runtime/init/users.h"
@@ -223,10 +225,13 @@ std::variant<pid_t, CommandFailure> start_command(const v1::init::Spawn& spawn,
     identity.gid = user->gid;
     identity.groups = user->groups;
 
-    int report[2];
-    if (::pipe2(report, O_CLOEXEC) != 0)
-        return CommandFailure{kInternal, "pipe2: " + std::string(strerror(errno))};
-    UniqueFd report_read(report[0]), report_write(report[1]);
+    Pipe report;
+    try {
+        report = make_pipe("exec report");
+    } catch (const SysError& e) {
+        return CommandFailure{kInternal, e.what()};
+    }
+    UniqueFd &report_read = report.read, &report_write = report.write;
 
     CommandPlan plan = plan_command(argv, env);
     plan.stdio = stdio.data();
