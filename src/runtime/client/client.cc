@@ -54,10 +54,13 @@ v1::ServerMessage Client::receive() {
     try {
         status = wire::read_frame(fd_.get(), msg, wire::kDefaultMaxFrame * 2);
     } catch (const std::exception& e) {
+        daemon_gone_ = true;
         throw ClientError(v1::UNAVAILABLE, std::string("connection to berthd lost: ") + e.what());
     }
-    if (status == wire::ReadStatus::eof)
+    if (status == wire::ReadStatus::eof) {
+        daemon_gone_ = true;
         throw ClientError(v1::UNAVAILABLE, "berthd closed the connection");
+    }
     if (status != wire::ReadStatus::ok)
         throw ClientError(v1::INTERNAL, "berthd sent a malformed frame");
     if (msg.has_error() && msg.id() == 0)
@@ -151,16 +154,42 @@ v1::CopyReply Client::copy_out(v1::CopyOut request, const std::function<void(int
     return copy(std::move(msg), false, consume, side_files);
 }
 
+namespace {
+
+// berthd went away with a copy in flight. Its stream runs between this process (or the
+// caller's pipe) and the sandbox without passing through berthd, so the copy may well
+// have completed: saying "failed" would send a user to redo (or undo) what happened.
+[[noreturn]] void throw_unconfirmed(const ClientError& e, bool upload) {
+    throw ClientError(
+        v1::UNAVAILABLE,
+        std::string(e.what()) + " before confirming the copy; it may have completed (" +
+            (upload ? "check the destination in the sandbox, or copy again: files are replaced"
+                    : "check the destination, or copy again") +
+            ")");
+}
+
+}  // namespace
+
 v1::CopyReply Client::copy_in_from_pipe(v1::CopyIn request, int pipe_read_end) {
     v1::ClientMessage msg;
     *msg.mutable_copy_in() = std::move(request);
-    return call(std::move(msg), {pipe_read_end}).copy();
+    try {
+        return call(std::move(msg), {pipe_read_end}).copy();
+    } catch (const ClientError& e) {
+        if (daemon_gone_) throw_unconfirmed(e, true);
+        throw;
+    }
 }
 
 v1::CopyReply Client::copy_out_to_pipe(v1::CopyOut request, int pipe_write_end) {
     v1::ClientMessage msg;
     *msg.mutable_copy_out() = std::move(request);
-    return call(std::move(msg), {pipe_write_end}).copy();
+    try {
+        return call(std::move(msg), {pipe_write_end}).copy();
+    } catch (const ClientError& e) {
+        if (daemon_gone_) throw_unconfirmed(e, false);
+        throw;
+    }
 }
 
 v1::CopyReply Client::copy(v1::ClientMessage request, bool upload,
@@ -227,6 +256,23 @@ v1::CopyReply Client::copy(v1::ClientMessage request, bool upload,
         }
     }
     if (stream_error && !local_is_echo) std::rethrow_exception(stream_error);
+    if (daemon_error && daemon_gone_) {
+        try {
+            std::rethrow_exception(daemon_error);
+        } catch (const ClientError& e) {
+            // A download whose archive was read to its end-of-archive marker has all of its
+            // files here: the sandbox side finished writing it. Only its reply is missing.
+            if (!upload && !stream_error) {
+                v1::CopyReply complete;
+                complete.add_warnings(std::string(e.what()) +
+                                      " before confirming the copy; the archive arrived "
+                                      "complete (warnings from the sandbox side, if any, are "
+                                      "lost)");
+                return complete;
+            }
+            throw_unconfirmed(e, upload);
+        }
+    }
     if (daemon_error) std::rethrow_exception(daemon_error);
     if (reply.has_error()) throw ClientError(reply.error().code(), reply.error().message());
     if (stream_error) std::rethrow_exception(stream_error);

@@ -72,6 +72,7 @@ class Client {
     v1::ServerMessage receive();
 
     UniqueFd fd_;
+    bool daemon_gone_ = false;  // its connection closed or broke: no reply will come
     uint64_t last_id_ = 0;
     v1::HelloReply hello_;
 };

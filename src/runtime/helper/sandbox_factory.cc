@@ -28,6 +28,7 @@
 #include "base/files.h"
 #include "base/pipe.h"
 #include "base/proc.h"
+#include "base/undo.h"
 #include "ns/net.h"
 #include "ns/rootfs.h"
 #include "runtime/init/init.h"
@@ -205,6 +206,8 @@ class OwnerCredentials {
     int dumpable_ = -1;
 };
 
+}  // namespace
+
 // Step timings of a create or delete, printed to stderr when BERTH_HELPER_TRACE is set: where the
 // milliseconds go, on the host at hand.
 class StepTimer {
@@ -230,8 +233,6 @@ class StepTimer {
     std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
     std::string line_;
 };
-
-}  // namespace
 
 struct SandboxFactory::Live {
     pid_t pid = -1;
@@ -383,17 +384,31 @@ UniqueFd SandboxFactory::open_rootfs(const std::string& rootfs) const {
     return dir;
 }
 
-v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
-    const std::string& id = req.id();
-    if (!valid_sandbox_id(id))
-        throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
+// What a create asks for, checked before anything is made: a request refused here leaves
+// nothing behind.
+struct SandboxFactory::CreatePlan {
+    std::string id, run, state;
+    std::vector<std::string> layer_dirs;  // made from image layers, or
+    std::string rootfs;                   // from a directory,
+    UniqueFd rootfs_dir;                  // opened and checked (open_rootfs)
+    uint64_t storage_bytes = 0;
+    cgroup::Limits limits;
+};
+
+// Where a sandbox's writes go: the overlay's upper and work directories.
+struct SandboxFactory::WritableLayer {
+    std::string upper, work;
+};
+
+SandboxFactory::CreatePlan SandboxFactory::plan_create(const v1::helper::Create& req) const {
+    CreatePlan plan;
+    plan.id = req.id();
+    if (!valid_sandbox_id(plan.id))
+        throw HelperError(kInvalidArgument, "invalid sandbox id '" + plan.id + "'");
     if (!valid_hostname(req.hostname()))
         throw HelperError(kInvalidArgument, "invalid hostname '" + req.hostname() + "'");
-    const std::string& rootfs = req.rootfs();
-    std::vector<std::string> layer_dirs;
-    UniqueFd rootfs_dir;
-    struct stat st;
-    if (!rootfs.empty() && req.layers_size() > 0)
+    plan.rootfs = req.rootfs();
+    if (!plan.rootfs.empty() && req.layers_size() > 0)
         throw HelperError(kInvalidArgument,
                           "a sandbox is made from a rootfs or from layers, not both");
     if (req.layers_size() > 0) {
@@ -401,113 +416,99 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
             if (layer.size() != 64 ||
                 layer.find_first_not_of("0123456789abcdef") != std::string::npos)
                 throw HelperError(kInvalidArgument, "invalid layer name '" + layer + "'");
-            layer_dirs.push_back(config_.state_dir + "/images/layers/" + layer);
-            if (::stat(layer_dirs.back().c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+            const std::string dir = config_.state_dir + "/images/layers/" + layer;
+            struct stat st;
+            if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
                 throw HelperError(kNotFound, "layer " + layer + " is not in the image store (" +
-                                                 layer_dirs.back() + ": " + std::strerror(errno) +
-                                                 ")");
+                                                 dir + ": " + std::strerror(errno) + ")");
+            plan.layer_dirs.push_back(dir);
         }
     } else {
-        if (rootfs.empty() || rootfs[0] != '/' || rootfs.find("/../") != std::string::npos)
+        if (plan.rootfs.empty() || plan.rootfs[0] != '/' ||
+            plan.rootfs.find("/../") != std::string::npos)
             throw HelperError(kInvalidArgument,
-                              "rootfs must be an absolute path: '" + rootfs + "'");
-        rootfs_dir = open_rootfs(rootfs);
+                              "rootfs must be an absolute path: '" + plan.rootfs + "'");
+        plan.rootfs_dir = open_rootfs(plan.rootfs);
     }
+    plan.storage_bytes = req.limits().storage_bytes();
+    if (plan.storage_bytes) storage_->check(plan.storage_bytes);
+    if (req.limits().memory_bytes()) plan.limits.memory_bytes = req.limits().memory_bytes();
+    if (req.limits().cpus() > 0) plan.limits.cpus = req.limits().cpus();
+    if (req.limits().pids()) plan.limits.pids = req.limits().pids();
+    plan.run = sandbox_runtime_dir(plan.id);
+    plan.state = sandbox_state_dir(plan.id);
+    if (live_.count(plan.id) || deleting_.count(plan.id) || ::access(plan.run.c_str(), F_OK) == 0)
+        throw HelperError(kAlreadyExists, "sandbox " + plan.id + " already exists");
+    return plan;
+}
 
-    const uint64_t storage_bytes = req.limits().storage_bytes();
-    if (storage_bytes) storage_->check(storage_bytes);
-
-    const std::string run = sandbox_runtime_dir(id), state = sandbox_state_dir(id);
-    if (live_.count(id) || ::access(run.c_str(), F_OK) == 0)
-        throw HelperError(kAlreadyExists, "sandbox " + id + " already exists");
-
-    // Must be new: never adopt (nor, on failure, remove) something already there.
-    check_sys("mkdir", run, [&] { return ::mkdir(run.c_str(), 0711); });
-    auto live = std::make_unique<Live>();
-    // Until the end, any failure undoes what was made.
-    bool committed = false;
-    struct Undo {
-        SandboxFactory* self;
-        const std::string& run;
-        const std::string& state;
-        Live* live;
-        bool* committed;
-        ~Undo() {
-            if (*committed) return;
-            try {
-                if (live->pidfd)
-                    kill_and_wait(live->pidfd.get(), "(failed create)", std::chrono::seconds(30));
-                if (live->cgroup) live->cgroup->remove();
-                if (!live->layer_mount.empty()) ::umount2(live->layer_mount.c_str(), MNT_DETACH);
-                if (live->project_id) self->storage_->release_project(live->project_id);
-                if (live->userns_owner) self->owners_in_use_.erase(live->userns_owner);
-                remove_tree(run);
-                remove_tree(state);
-            } catch (const std::exception&) {
-                // Best effort; what remains is found by the next delete or prune.
-            }
-        }
-    } undo{this, run, state, live.get(), &committed};
-
-    StepTimer timer("create");
-    make_dirs(run + "/rootfs", 0755);
-    make_dirs(state, 0700);
-    std::string upper = state + "/upper", work = state + "/work";
-    const bool tmpfs_layer = storage_bytes && storage_->backend() == StorageBackend::tmpfs;
+SandboxFactory::WritableLayer SandboxFactory::make_writable_layer(const CreatePlan& plan,
+                                                                  Live& live, UndoList& undo) {
+    make_dirs(plan.run + "/rootfs", 0755);
+    make_dirs(plan.state, 0700);
+    undo.push([state = plan.state] { remove_tree(state); });
+    WritableLayer layer{plan.state + "/upper", plan.state + "/work"};
+    const bool tmpfs_layer = plan.storage_bytes && storage_->backend() == StorageBackend::tmpfs;
     if (tmpfs_layer) {
         // The overlay's upper and work dirs must share a filesystem: both go in the tmpfs.
         // It is attached (in the helper's own mount namespace) only while the overlay is
         // made; the overlay keeps its own reference, so the layer lives exactly as long as
         // the sandbox's mount namespace, and nothing of it is left on the state dir (whose
         // `layer` dir stays an empty directory that the janitor can move and remove).
-        const std::string mnt = state + "/layer";
+        const std::string mnt = plan.state + "/layer";
         make_dirs(mnt, 0700);
-        UniqueFd fs = storage_->make_tmpfs(storage_bytes);
+        UniqueFd fs = storage_->make_tmpfs(plan.storage_bytes);
         check_sys("move_mount", mnt, [&] {
             return ::move_mount(fs.get(), "", AT_FDCWD, mnt.c_str(), MOVE_MOUNT_F_EMPTY_PATH);
         });
-        live->layer_mount = mnt;
-        upper = mnt + "/upper";
-        work = mnt + "/work";
+        live.layer_mount = mnt;
+        undo.push([&live] {
+            if (!live.layer_mount.empty()) ::umount2(live.layer_mount.c_str(), MNT_DETACH);
+        });
+        layer = {mnt + "/upper", mnt + "/work"};
     }
-    make_dirs(upper, 0755);
-    make_dirs(work, 0700);
+    make_dirs(layer.upper, 0755);
+    make_dirs(layer.work, 0700);
     const uid_t root_uid = config_.mapping.uids.host_start;
     const gid_t root_gid = config_.mapping.gids.host_start;
-    check_sys("chown", upper, [&] { return ::chown(upper.c_str(), root_uid, root_gid); });
-    if (storage_bytes && !tmpfs_layer)
-        live->project_id = storage_->limit_project({upper, work}, storage_bytes);
+    check_sys("chown", layer.upper,
+              [&] { return ::chown(layer.upper.c_str(), root_uid, root_gid); });
+    if (plan.storage_bytes && !tmpfs_layer) {
+        live.project_id = storage_->limit_project({layer.upper, layer.work}, plan.storage_bytes);
+        undo.push([this, &live] { storage_->release_project(live.project_id); });
+    }
+    return layer;
+}
 
-    cgroup::Limits limits;
-    if (req.limits().memory_bytes()) limits.memory_bytes = req.limits().memory_bytes();
-    if (req.limits().cpus() > 0) limits.cpus = req.limits().cpus();
-    if (req.limits().pids()) limits.pids = req.limits().pids();
-    timer.mark("dirs");
-    live->cgroup = driver_->create(id, limits);
-    timer.mark("cgroup");
-
-    const std::string socket_path = run + "/init.sock";
-    UniqueFd control = listen_unix(socket_path, config_.daemon_uid, config_.daemon_gid);
-    timer.mark("socket");
+UniqueFd SandboxFactory::make_root_mount(const CreatePlan& plan, const WritableLayer& layer,
+                                         Live& live) {
     UniqueFd overlay;
-    if (!layer_dirs.empty()) {
-        overlay = ns::make_layered_overlay(layer_dirs, upper, work, run + "/rootfs");
+    if (!plan.layer_dirs.empty()) {
+        overlay = ns::make_layered_overlay(plan.layer_dirs, layer.upper, layer.work,
+                                           plan.run + "/rootfs");
     } else {
-        UniqueFd lower = ns::make_idmapped_tree(rootfs_dir.get(), rootfs, template_userns_.get());
-        overlay = ns::make_overlay(lower.get(), upper, work, run + "/rootfs");
+        UniqueFd lower =
+            ns::make_idmapped_tree(plan.rootfs_dir.get(), plan.rootfs, template_userns_.get());
+        overlay = ns::make_overlay(lower.get(), layer.upper, layer.work, plan.run + "/rootfs");
     }
-    if (!live->layer_mount.empty()) {
+    if (!live.layer_mount.empty()) {
         // Before the clone: the sandbox's mount namespace must not get a copy of it.
-        check_sys("umount2", live->layer_mount,
-                  [&] { return ::umount2(live->layer_mount.c_str(), MNT_DETACH); });
-        live->layer_mount.clear();
+        check_sys("umount2", live.layer_mount,
+                  [&] { return ::umount2(live.layer_mount.c_str(), MNT_DETACH); });
+        live.layer_mount.clear();
     }
+    return overlay;
+}
 
+void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostname,
+                                UniqueFd control, UniqueFd overlay, Live& live, UndoList& undo,
+                                StepTimer& timer) {
+    const std::string& id = plan.id;
     auto [go_read, go_write] = make_pipe("go");
     auto [ready_read, ready_write] = make_pipe("ready");
 
-    ChildPlan plan{go_read.get(),   ready_write.get(), control.get(), overlay.get(),
-                   run + "/rootfs", req.hostname(),    &seccomp_};
+    ChildPlan child{go_read.get(),        ready_write.get(), control.get(), overlay.get(),
+                    plan.run + "/rootfs", hostname,          &seccomp_};
 
     clone_args args{};
     int pidfd = -1;
@@ -515,23 +516,29 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
                  CLONE_NEWIPC | CLONE_PIDFD;
     args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
     args.exit_signal = SIGCHLD;
-    if (int cg = live->cgroup->clone_into_fd(); cg >= 0) {
+    if (int cg = live.cgroup->clone_into_fd(); cg >= 0) {
         args.flags |= CLONE_INTO_CGROUP;
         args.cgroup = static_cast<uint64_t>(cg);
     }
-    timer.mark("overlay");
     const std::optional<uid_t> owner = take_owner();
-    if (owner) live->userns_owner = *owner;
+    if (owner) {
+        live.userns_owner = *owner;
+        undo.push([this, owner] { owners_in_use_.erase(*owner); });
+    }
     pid_t pid;
     {
         OwnerCredentials as_owner(owner);
+        // A raw clone3 (glibc has no wrapper with CLONE_INTO_CGROUP): fine in the helper,
+        // which has no threads whose locks the child could inherit held.
         pid = static_cast<pid_t>(::syscall(SYS_clone3, &args, sizeof args));
-        if (pid == 0) sandbox_child(plan);  // (never returns)
+        if (pid == 0) sandbox_child(child);  // (never returns)
     }
     if (pid < 0) throw_sys("clone3", "sandbox " + id);
 
-    live->pid = pid;
-    live->pidfd.reset(pidfd);
+    live.pid = pid;
+    live.pidfd.reset(pidfd);
+    undo.push(
+        [&live] { kill_and_wait(live.pidfd.get(), "(failed create)", std::chrono::seconds(30)); });
     go_read.reset();
     ready_write.reset();
     control.reset();
@@ -557,7 +564,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         // The child builds its root filesystem while we attach it to its cgroup (on v1 the
         // first cgroup.procs write waits for an RCU grace period: 0.2-2 ms).
         check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "g", 1); });
-        if (live->cgroup->clone_into_fd() < 0) live->cgroup->attach(pid);
+        if (live.cgroup->clone_into_fd() < 0) live.cgroup->attach(pid);
         timer.mark("attach");
         check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "a", 1); });
     } catch (const std::exception&) {
@@ -586,35 +593,61 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         throw HelperError(kInternal, "setting up sandbox " + id +
                                          " failed: " + (answer.empty() ? "its init died" : answer));
     }
+}
 
+v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
+    CreatePlan plan = plan_create(req);
+    const std::string& id = plan.id;
+    // Must be new: never adopt (nor, on failure, remove) something already there.
+    check_sys("mkdir", plan.run, [&] { return ::mkdir(plan.run.c_str(), 0711); });
+    auto live = std::make_unique<Live>();
+    // Until the end, any failure undoes what was made (newest first); what an undo step
+    // cannot remove is found by the next delete, or the start-up sweep.
+    UndoList undo;
+    undo.push([run = plan.run] { remove_tree(run); });
+
+    StepTimer timer("create");
+    const WritableLayer layer = make_writable_layer(plan, *live, undo);
+    timer.mark("dirs");
+    live->cgroup = driver_->create(id, plan.limits);
+    undo.push([&live] { live->cgroup->remove(); });
+    timer.mark("cgroup");
+    const std::string socket_path = plan.run + "/init.sock";
+    UniqueFd control = listen_unix(socket_path, config_.daemon_uid, config_.daemon_gid);
+    timer.mark("socket");
+    UniqueFd overlay = make_root_mount(plan, layer, *live);
+    timer.mark("overlay");
+    start_init(plan, req.hostname(), std::move(control), std::move(overlay), *live, undo, timer);
+
+    const uid_t root_uid = config_.mapping.uids.host_start;
     v1::helper::Created created;
-    created.set_init_pid(pid);
-    created.set_init_start_time(process_start_time(pid));
+    created.set_init_pid(live->pid);
+    created.set_init_start_time(process_start_time(live->pid));
     created.set_init_socket(socket_path);
     for (const auto& p : live->cgroup->paths()) created.add_cgroup_paths(p);
     created.set_host_root_uid(root_uid);
 
     nlohmann::json state_json = {
         {"id", id},
-        {"init_pid", pid},
+        {"init_pid", live->pid},
         {"init_start_time", created.init_start_time()},
         {"init_socket", socket_path},
         {"cgroup_paths", live->cgroup->paths()},
         {"cgroup_driver", driver_->version() == cgroup::Version::v2 ? "v2" : "v1"},
         {"host_root_uid", root_uid},
-        {"rootfs", rootfs},
+        {"rootfs", plan.rootfs},
         {"layers", std::vector<std::string>(req.layers().begin(), req.layers().end())},
         {"hostname", req.hostname()},
-        {"storage_bytes", storage_bytes},
+        {"storage_bytes", plan.storage_bytes},
         {"project_id", live->project_id},
         {"userns_owner", live->userns_owner},
     };
     // Written after the reply is sent (run_deferred): it is only read by a daemon that
     // restarts, and a file write is a good part of a create's time.
-    deferred_ = [path = run + "/state.json", text = state_json.dump()] {
+    deferred_ = [path = plan.run + "/state.json", text = state_json.dump()] {
         write_file_atomic(path, text, 0644);
     };
-    committed = true;
+    undo.commit();
     live_[id] = std::move(live);
     return created;
 }

@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "base/undo.h"
 #include "base/unique_fd.h"
 #include "berth.pb.h"
 #include "cgroup/cgroup.h"
@@ -21,6 +22,8 @@
 #include "runtime/helper/storage.h"
 
 namespace berth::helper {
+
+class StepTimer;
 
 struct Config {
     std::string runtime_dir;  // /run/berth: sockets and state files
@@ -80,6 +83,14 @@ class SandboxFactory {
     // sandbox_factory.cc).
     void sweep_cgroups();
     struct Live;
+    // The steps of a create, in order (each pushes how to undo what it made).
+    struct CreatePlan;
+    struct WritableLayer;
+    CreatePlan plan_create(const v1::helper::Create& request) const;
+    WritableLayer make_writable_layer(const CreatePlan& plan, Live& live, UndoList& undo);
+    UniqueFd make_root_mount(const CreatePlan& plan, const WritableLayer& layer, Live& live);
+    void start_init(const CreatePlan& plan, const std::string& hostname, UniqueFd control,
+                    UniqueFd overlay, Live& live, UndoList& undo, StepTimer& timer);
     // The directory a rootfs create names, opened and checked (see the .cc).
     UniqueFd open_rootfs(const std::string& rootfs) const;
     std::string sandbox_runtime_dir(const std::string& id) const;
