@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/error.h"
 #include "rootfs-tools/image_store.h"
 
 namespace berth::images {
@@ -25,9 +26,9 @@ struct BootstrapOptions {
 };
 
 // debootstrap failed or was cancelled; what() ends with its last lines of output.
-class BootstrapError : public std::runtime_error {
+class BootstrapError : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit BootstrapError(const std::string& what) : Error(Kind::internal, what) {}
 };
 
 // What `source` asks for ("debian:bookworm" -> "bookworm"); std::invalid_argument saying

@@ -9,10 +9,10 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "rootfs-tools/blob_store.h"
 #include "rootfs-tools/document_parser.h"
 #include "rootfs-tools/layer.h"
@@ -46,9 +46,9 @@ struct InUse {
 };
 
 // Refused: the image is used by a sandbox (what() names it).
-class ImageInUse : public std::runtime_error {
+class ImageInUse : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit ImageInUse(const std::string& what) : Error(Kind::failed_precondition, what) {}
 };
 
 struct RemoveResult {

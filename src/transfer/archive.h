@@ -22,11 +22,11 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "transfer/file_ops.h"
 #include "transfer/root.h"
 
@@ -101,10 +101,10 @@ struct ExtractOptions {
 
 // An image layer over ExtractOptions::Layer's max_bytes or max_entries (nothing of it is
 // left: the extraction rolled back).
-class LimitExceeded : public std::runtime_error {
+class LimitExceeded : public Error {
   public:
     LimitExceeded(const std::string& message, bool entries, uint64_t limit)
-        : std::runtime_error(message), entries(entries), limit(limit) {}
+        : Error(Kind::resource_exhausted, message), entries(entries), limit(limit) {}
     bool entries;    // the entry count (else the bytes of file data)
     uint64_t limit;  // the one passed
 };

@@ -422,17 +422,14 @@ int main(int argc, char** argv) {
                     c.call(message_delete(target));
                     std::cout << target << std::endl;
                 } catch (const ClientError& e) {
-                    if (rm_force && e.code == v1::NOT_FOUND) continue;
+                    if (rm_force && e.code() == v1::NOT_FOUND) continue;
                     std::cerr << "berth: " << e.what() << std::endl;
                     code = 1;
                 }
             }
             return code;
         }
-    } catch (const ClientError& e) {
-        std::cerr << "berth: " << e.what() << std::endl;
-        return kExitError;
-    } catch (const std::exception& e) {
+    } catch (const std::exception& e) {  // ClientError and the CLI's own alike
         std::cerr << "berth: " << e.what() << std::endl;
         return kExitError;
     }

@@ -2,22 +2,23 @@
 #pragma once
 
 #include <functional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "base/unique_fd.h"
 #include "berth.pb.h"
+#include "runtime/wire/error_codes.h"
 
 namespace berth::client {
 
 // An Error reply from the daemon (or a broken connection, as UNAVAILABLE).
-class ClientError : public std::runtime_error {
+class ClientError : public Error {
   public:
     ClientError(v1::ErrorCode code, const std::string& message)
-        : std::runtime_error(message), code(code) {}
-    v1::ErrorCode code;
+        : Error(wire::error_kind(code), message) {}
+    v1::ErrorCode code() const { return wire::error_code(kind()); }
 };
 
 // $BERTH_SOCKET, else /run/berth/berth.sock.

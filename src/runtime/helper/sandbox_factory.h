@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "base/error.h"
 #include "base/unique_fd.h"
 #include "berth.pb.h"
 #include "cgroup/cgroup.h"
@@ -19,6 +20,7 @@
 #include "ns/security.h"
 #include "runtime/helper/janitor.h"
 #include "runtime/helper/storage.h"
+#include "runtime/wire/error_codes.h"
 
 namespace berth::helper {
 
@@ -36,10 +38,10 @@ struct Config {
 };
 
 // A request the helper refuses or cannot do, and the code berthd passes to the client.
-struct HelperError : std::runtime_error {
+struct HelperError : Error {
     HelperError(v1::ErrorCode code, const std::string& message)
-        : std::runtime_error(message), code(code) {}
-    v1::ErrorCode code;
+        : Error(wire::error_kind(code), message) {}
+    v1::ErrorCode code() const { return wire::error_code(kind()); }
 };
 
 class SandboxFactory {

@@ -30,25 +30,13 @@ namespace {
 std::pair<v1::ErrorCode, std::string> classify(std::exception_ptr e, v1::ErrorCode fallback) {
     try {
         std::rethrow_exception(e);
-    } catch (const PullFailed& x) {
-        return {x.code, x.what()};
-    } catch (const images::ImageNotFound& x) {
-        return {v1::NOT_FOUND, x.what()};
-    } catch (const images::ImageInUse& x) {
-        return {v1::FAILED_PRECONDITION, x.what()};
-    } catch (const images::BlobMismatch& x) {
-        return {v1::INVALID_ARGUMENT, x.what()};
-    } catch (const images::LayerTooLarge& x) {
-        return {v1::RESOURCE_EXHAUSTED, x.what()};
-    } catch (const images::ManifestError& x) {
-        return {v1::INVALID_ARGUMENT, x.what()};
-    } catch (const images::BootstrapError& x) {
-        return {v1::INTERNAL, x.what()};
-    } catch (const std::invalid_argument& x) {
-        return {v1::INVALID_ARGUMENT, x.what()};
     } catch (const SysError& x) {
         if (x.code() == ECANCELED) return {v1::CANCELED, "canceled"};
         return {wire::error_code_for_errno(x.code(), fallback), x.what()};
+    } catch (const Error& x) {  // the store's, the registry's (auth, 404, unreachable), ...
+        return {wire::error_code(x.kind()), x.what()};
+    } catch (const std::invalid_argument& x) {
+        return {v1::INVALID_ARGUMENT, x.what()};
     } catch (const std::exception& x) {
         return {v1::INTERNAL, x.what()};
     }

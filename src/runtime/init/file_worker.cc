@@ -37,10 +37,9 @@ transfer::Resolver configured_resolver() {
 }
 
 // A failure that is not a system call's: its message stands alone.
-struct OperationError : std::runtime_error {
+struct OperationError : Error {
     OperationError(v1::ErrorCode code, const std::string& message)
-        : std::runtime_error(message), code(code) {}
-    v1::ErrorCode code;
+        : Error(wire::error_kind(code), message) {}
 };
 
 // An owner spec ("" = root, name, uid, name:group, uid:gid) as uid/gid in the sandbox.
@@ -142,11 +141,8 @@ void run_file_op(int connection, const v1::init::FileOp& op, std::vector<UniqueF
     v1::init::FileResult result;
     try {
         result = perform(connection, op, fds);
-    } catch (const SysError& e) {
-        result.mutable_failed()->set_code(wire::error_code_for_errno(e.code()));
-        result.mutable_failed()->set_message(e.what());
-    } catch (const OperationError& e) {
-        result.mutable_failed()->set_code(e.code);
+    } catch (const Error& e) {  // a SysError's kind is its errno's
+        result.mutable_failed()->set_code(wire::error_code(e.kind()));
         result.mutable_failed()->set_message(e.what());
     } catch (const std::exception& e) {
         result.mutable_failed()->set_code(kInternal);
