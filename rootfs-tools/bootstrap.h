@@ -7,12 +7,12 @@
 // directory is swept by the store's next open.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "base/cancel.h"
 #include "base/error.h"
 #include "rootfs-tools/image_store.h"
 
@@ -20,8 +20,8 @@ namespace berth::images {
 
 struct BootstrapOptions {
     std::function<void(const std::string& line)> progress;  // debootstrap's output, by line
-    const std::atomic<bool>* cancel = nullptr;  // polled; set: stop (BootstrapError "cancelled")
-    std::string mirror;                         // empty: host_debian_mirror(), else its default
+    const CancelToken* cancel = nullptr;  // polled; cancelled: stop (BootstrapError "cancelled")
+    std::string mirror;                   // empty: host_debian_mirror(), else its default
     std::string debootstrap = "/usr/sbin/debootstrap";
 };
 

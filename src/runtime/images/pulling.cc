@@ -46,7 +46,7 @@ Pulling make_pulling(images::ImageStore& store, FetcherSpec fetcher) {
     Pulling p;
     p.pull = [&store, fetcher](const v1::PullImage& request,
                                const std::function<void(const v1::ImageProgress&)>& progress,
-                               const std::atomic<bool>& cancel) -> images::Image {
+                               const CancelToken& cancel) -> images::Image {
         const images::Reference ref = images::parse_reference(request.reference());
         images::PullOptions options;
         options.cancel = &cancel;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/cancel.h"
 #include "base/error.h"
 #include "berth.pb.h"
 #include "runtime/init/users.h"
@@ -92,11 +93,13 @@ v1::init::FileResult perform(int connection, const v1::init::FileOp& op,
     v1::init::FileResult result;
     // The sandbox's root is our root: every path is resolved inside it.
     transfer::Root root = transfer::Root::open("/", configured_resolver());
+    // berthd closing the connection (or sending anything on it) cancels a copy.
+    const CancelToken cancel = CancelToken::watching(connection);
     switch (op.op_case()) {
         case v1::init::FileOp::kCopyIn: {
             const auto& req = op.copy_in();
             transfer::ExtractOptions options;
-            options.cancel_fd = connection;
+            options.cancel = &cancel;
             options.owner = owner_for(req.user());
             if (req.preserve_owners())
                 options.owners = transfer::ExtractOptions::Owners::from_archive;
@@ -110,7 +113,7 @@ v1::init::FileResult perform(int connection, const v1::init::FileOp& op,
             transfer::WriteOptions options;
             options.name = req.name();
             options.contents_only = req.contents_only();
-            options.cancel_fd = connection;
+            options.cancel = &cancel;
             if (req.side_file() && fds.size() > 1) options.side_data_out = fds[1].get();
             copy_summary(transfer::write_archive(root, req.path(), fds.at(0).get(), options),
                          result.mutable_copy());
