@@ -232,7 +232,7 @@ int download(Client& c, const CopyArgs& args, const std::string& sandbox, const 
     } catch (ClientError& e) {
         // With a side file the sandbox wrote into our file: running out of space there is
         // the host destination's problem, and the message must name it.
-        if (prefilled && e.code() == v1::RESOURCE_EXHAUSTED) e.wrap("writing " + args.destination);
+        if (prefilled && e.code == v1::RESOURCE_EXHAUSTED) e.wrap("writing " + args.destination);
         throw;
     }
     print_warnings(reply);

@@ -422,7 +422,7 @@ int main(int argc, char** argv) {
                     c.call(message_delete(target));
                     std::cout << target << std::endl;
                 } catch (const ClientError& e) {
-                    if (rm_force && e.code() == v1::NOT_FOUND) continue;
+                    if (rm_force && e.code == v1::NOT_FOUND) continue;
                     std::cerr << "berth: " << e.what() << std::endl;
                     code = 1;
                 }

@@ -14,11 +14,13 @@
 namespace berth::client {
 
 // An Error reply from the daemon (or a broken connection, as UNAVAILABLE).
+// `code` stays a member beside the kind it sets (callers read e.code): the daemon's code as
+// it came.
 class ClientError : public Error {
   public:
     ClientError(v1::ErrorCode code, const std::string& message)
-        : Error(wire::error_kind(code), message) {}
-    v1::ErrorCode code() const { return wire::error_code(kind()); }
+        : Error(wire::error_kind(code), message), code(code) {}
+    v1::ErrorCode code;
 };
 
 // $BERTH_SOCKET, else /run/berth/berth.sock.

@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
             }
         } catch (const helper::HelperError& e) {
             reply.set_error(e.what());
-            reply.set_error_code(e.code());
+            reply.set_error_code(e.code);
         } catch (const std::exception& e) {
             reply.set_error(e.what());
             reply.set_error_code(v1::INTERNAL);

@@ -38,10 +38,11 @@ struct Config {
 };
 
 // A request the helper refuses or cannot do, and the code berthd passes to the client.
+// `code` stays a member beside the kind it sets (callers read e.code).
 struct HelperError : Error {
     HelperError(v1::ErrorCode code, const std::string& message)
-        : Error(wire::error_kind(code), message) {}
-    v1::ErrorCode code() const { return wire::error_code(kind()); }
+        : Error(wire::error_kind(code), message), code(code) {}
+    v1::ErrorCode code;
 };
 
 class SandboxFactory {
