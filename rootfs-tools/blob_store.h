@@ -6,20 +6,20 @@
 
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "base/unique_fd.h"
 #include "rootfs-tools/digest.h"
 
 namespace berth::images {
 
 // The bytes were not the ones asked for: wrong digest, or too many / too few of them.
-class BlobMismatch : public std::runtime_error {
+class BlobMismatch : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit BlobMismatch(const std::string& what) : Error(Kind::invalid_argument, what) {}
 };
 
 class BlobWriter;

@@ -258,7 +258,7 @@ Image bootstrap_image(ImageStore& store, std::string_view source, const Referenc
     bool cancelled = false;
     char buf[4096];
     for (;;) {
-        if (options.cancel && options.cancel->load()) {
+        if (options.cancel && options.cancel->cancelled()) {
             cancelled = true;
             break;
         }

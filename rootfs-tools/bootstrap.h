@@ -7,27 +7,28 @@
 // directory is swept by the store's next open.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "base/cancel.h"
+#include "base/error.h"
 #include "rootfs-tools/image_store.h"
 
 namespace berth::images {
 
 struct BootstrapOptions {
     std::function<void(const std::string& line)> progress;  // debootstrap's output, by line
-    const std::atomic<bool>* cancel = nullptr;  // polled; set: stop (BootstrapError "cancelled")
-    std::string mirror;                         // empty: host_debian_mirror(), else its default
+    const CancelToken* cancel = nullptr;  // polled; cancelled: stop (BootstrapError "cancelled")
+    std::string mirror;                   // empty: host_debian_mirror(), else its default
     std::string debootstrap = "/usr/sbin/debootstrap";
 };
 
 // debootstrap failed or was cancelled; what() ends with its last lines of output.
-class BootstrapError : public std::runtime_error {
+class BootstrapError : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit BootstrapError(const std::string& what) : Error(Kind::internal, what) {}
 };
 
 // What `source` asks for ("debian:bookworm" -> "bookworm"); std::invalid_argument saying

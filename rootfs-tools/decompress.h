@@ -5,17 +5,18 @@
 #pragma once
 
 #include <cstdint>
-#include <stdexcept>
 
+#include "base/error.h"
 #include "rootfs-tools/digest.h"
 #include "rootfs-tools/manifest.h"
 
 namespace berth::images {
 
 // Corrupt, truncated or trailing-garbage input; what() names the format and the offset.
-class DecompressError : public std::runtime_error {
+// (Kind internal: what berth-images has always answered for a corrupt layer.)
+class DecompressError : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit DecompressError(const std::string& what) : Error(Kind::internal, what) {}
 };
 
 struct DecompressResult {

@@ -10,11 +10,11 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "rootfs-tools/registry_config.h"
 
 namespace berth::images {
@@ -57,10 +57,10 @@ struct HttpSink {
 
 // No HTTP answer, or one cut short: refused, reset, timed out, stalled, a TLS failure.
 // Worth another try (a registry restarting, a proxy dropping a connection).
-class HttpTransportError : public std::runtime_error {
+class HttpTransportError : public Error {
   public:
     HttpTransportError(const std::string& what, bool no_connection)
-        : std::runtime_error(what), no_connection_(no_connection) {}
+        : Error(Kind::unavailable, what), no_connection_(no_connection) {}
     // Nothing was reached at all (refused, unresolvable): the next endpoint is the better bet.
     bool no_connection() const { return no_connection_; }
 
@@ -69,9 +69,9 @@ class HttpTransportError : public std::runtime_error {
 };
 
 // The cancel check said stop.
-class HttpCancelled : public std::runtime_error {
+class HttpCancelled : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit HttpCancelled(const std::string& what) : Error(Kind::cancelled, what) {}
 };
 
 class HttpClient {

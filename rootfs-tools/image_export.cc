@@ -11,7 +11,7 @@
 namespace berth::images {
 
 uint64_t ImageStore::export_oci_archive(const Image& image, int out, const std::string& tag,
-                                        int cancel_fd) {
+                                        const CancelToken* cancel) {
     const std::string scratch = blobs_.make_scratch_dir("export");
     struct Scratch {
         std::string path;
@@ -27,7 +27,7 @@ uint64_t ImageStore::export_oci_archive(const Image& image, int out, const std::
 
     // (Initialized in place: assigning "." to the string trips GCC 12's -Wrestrict under
     // the sanitizers, a false positive.)
-    const transfer::WriteOptions w{.name = ".", .contents_only = true, .cancel_fd = cancel_fd};
+    const transfer::WriteOptions w{.name = ".", .contents_only = true, .cancel = cancel};
     return transfer::write_archive(transfer::Root::open(layout), ".", out, w).bytes;
 }
 

@@ -32,15 +32,15 @@ constexpr uint64_t kMaxDocument = 16u << 20;
 class ScratchArchive {
   public:
     ScratchArchive(BlobStore& blobs, const std::string& store_root,
-                   const ArchiveExtractor& extractor, int in, int cancel_fd,
+                   const ArchiveExtractor& extractor, int in, const CancelToken* cancel,
                    const std::string& label)
         : dir_(blobs.make_scratch_dir("import")) {
         const std::string dest = dir_.path + "/archive";
         if (extractor) {
-            extractor(in, cancel_fd, dest);
+            extractor(in, cancel, dest);
         } else {
             transfer::ExtractOptions x;
-            x.cancel_fd = cancel_fd;
+            x.cancel = cancel;
             transfer::extract_archive(in, transfer::Root::open(store_root),
                                       dest.substr(store_root.size() + 1), x);
         }
@@ -81,7 +81,7 @@ Image ImageStore::import_oci_layout(const std::string& dir, const Reference& nam
 Image ImageStore::import_docker_archive(const std::string& archive, const Reference& name) {
     UniqueFd in(::open(archive.c_str(), O_RDONLY | O_CLOEXEC));
     if (!in) throw_sys("open", archive);
-    ScratchArchive scratch(blobs_, root_, archive_extractor_, in.get(), -1, archive);
+    ScratchArchive scratch(blobs_, root_, archive_extractor_, in.get(), nullptr, archive);
     return import_docker_from(scratch.source(), name);
 }
 
@@ -102,7 +102,7 @@ Image ImageStore::import_fd(int fd, const std::optional<Reference>& name,
     }
     if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))
         throw_sys("read", options.label + " (neither a tar file nor a directory)", EINVAL);
-    ScratchArchive scratch(blobs_, root_, archive_extractor_, fd, options.cancel_fd, options.label);
+    ScratchArchive scratch(blobs_, root_, archive_extractor_, fd, options.cancel, options.label);
     if (scratch.source().has("oci-layout"))
         return import_layout_from(scratch.source(), name, std::nullopt);
     if (scratch.source().has("manifest.json")) return import_docker_from(scratch.source(), name);

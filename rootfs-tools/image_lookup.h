@@ -11,14 +11,15 @@
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "rootfs-tools/image_store.h"
 
 namespace berth::images {
 
 // Nothing in the store by that name or digest; what() says what was looked for.
-class ImageNotFound : public std::runtime_error {
+class ImageNotFound : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit ImageNotFound(const std::string& what) : Error(Kind::not_found, what) {}
 };
 
 // The names `text` may mean, in the order they are tried (reference form, full).

@@ -9,10 +9,11 @@
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "base/cancel.h"
+#include "base/error.h"
 #include "rootfs-tools/blob_store.h"
 #include "rootfs-tools/document_parser.h"
 #include "rootfs-tools/layer.h"
@@ -36,7 +37,7 @@ struct ImportOptions {
     std::string label = "the imported image";  // how messages name the source
     // A directory is read with this user's rights (see SourceDir); none: with our own.
     std::optional<Caller> caller;
-    int cancel_fd = -1;  // readable or hung up: stop reading a tar (transfer's cancel_fd)
+    const CancelToken* cancel = nullptr;  // cancelled: stop reading a tar (as transfer's)
 };
 
 // A manifest a live sandbox uses, and how to name that sandbox in a refusal.
@@ -46,9 +47,9 @@ struct InUse {
 };
 
 // Refused: the image is used by a sandbox (what() names it).
-class ImageInUse : public std::runtime_error {
+class ImageInUse : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit ImageInUse(const std::string& what) : Error(Kind::failed_precondition, what) {}
 };
 
 struct RemoveResult {
@@ -64,10 +65,11 @@ using Unpacker = std::function<UnpackResult(int blob_fd, Compression compression
                                             const std::string& dest, const UnpackOptions& options)>;
 
 // What extracts an image archive (a docker-archive or an OCI layout as a tar, read from `in`
-// until its end or until `cancel_fd` is readable) into the new directory `dest`, strictly
-// (transfer's extractor: nothing outside `dest`, no device, owners its own). berth-images
+// until its end or until `cancel`, when given, is cancelled) into the new directory `dest`,
+// strictly (transfer's extractor: nothing outside `dest`, no device, owners its own). berth-images
 // gives the store one that runs it in the unpack worker; without one it runs here.
-using ArchiveExtractor = std::function<void(int in, int cancel_fd, const std::string& dest)>;
+using ArchiveExtractor =
+    std::function<void(int in, const CancelToken* cancel, const std::string& dest)>;
 
 // The on-disk format of the store. 2: opaque directories are marked `user.overlay.opaque`
 // (what a user namespace can write; the overlay is mounted with `userxattr`) and layers hold
@@ -124,9 +126,9 @@ class ImageStore {
     // The same layout as a tar stream written to `out` (a pipe or a file), made in a scratch
     // directory of the store; index.json also names the image in full
     // (io.containerd.image.name, as containerd and docker write it), so importing the tar
-    // needs no name. `cancel_fd` as transfer's. Returns the bytes of file data written.
+    // needs no name. `cancel` as transfer's. Returns the bytes of file data written.
     uint64_t export_oci_archive(const Image& image, int out, const std::string& tag,
-                                int cancel_fd = -1);
+                                const CancelToken* cancel = nullptr);
 
     std::vector<Image> list() const;
     std::optional<Image> find(const Reference& ref) const;

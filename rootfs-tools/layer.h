@@ -7,10 +7,10 @@
 
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "rootfs-tools/digest.h"
 #include "rootfs-tools/manifest.h"
 
@@ -36,9 +36,9 @@ struct UnpackResult {
 };
 
 // A layer past UnpackOptions' bounds; what() names the layer, the limit and the entry.
-class LayerTooLarge : public std::runtime_error {
+class LayerTooLarge : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit LayerTooLarge(const std::string& what) : Error(Kind::resource_exhausted, what) {}
 };
 
 // Unpacks the layer read from `blob_fd` into `dest` (which must not exist; its parent

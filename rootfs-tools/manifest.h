@@ -6,12 +6,12 @@
 
 #include <cstdint>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
+#include "base/error.h"
 #include "rootfs-tools/digest.h"
 
 namespace berth::images {
@@ -28,9 +28,9 @@ inline constexpr std::string_view kDockerConfig = "application/vnd.docker.contai
 }  // namespace media
 
 // A document that is not what an image may contain; what() says which field and why.
-class ManifestError : public std::runtime_error {
+class ManifestError : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit ManifestError(const std::string& what) : Error(Kind::invalid_argument, what) {}
 };
 
 struct Platform {

@@ -23,7 +23,9 @@ struct Pull {
     std::atomic<bool> abort{false};  // a download failed: the others stop
     std::exception_ptr first_error;
 
-    bool cancelled() const { return abort.load() || (options.cancel && options.cancel->load()); }
+    bool cancelled() const {
+        return abort.load() || (options.cancel && options.cancel->cancelled());
+    }
     void check() const {
         if (cancelled()) throw PullCancelled("pull of " + label + " cancelled");
     }

@@ -14,12 +14,12 @@
 // the store's content (ImageStore::hold_content) throughout: remove and prune wait for it.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 
+#include "base/cancel.h"
 #include "rootfs-tools/image_store.h"
 #include "rootfs-tools/manifest.h"
 #include "rootfs-tools/reference.h"
@@ -52,7 +52,7 @@ using PullProgress = std::function<void(const PullEvent&)>;
 struct PullOptions {
     PullProgress progress;
     // Set: the pull stops soon with PullCancelled, leaving nothing that a later pull trusts.
-    const std::atomic<bool>* cancel = nullptr;
+    const CancelToken* cancel = nullptr;
     std::optional<AuthConfig> auth;  // the client's credentials, merged over the system's
     Platform platform = host_platform();
     RegistryTimings timings;  // connect and stall timeouts, retries (tests shorten them)

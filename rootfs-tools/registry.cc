@@ -18,9 +18,9 @@ constexpr const char* kAccept =
     "application/vnd.docker.distribution.manifest.v2+json";
 
 // An answer worth another try: a 5xx, 429 or 408, or a blob answer that ended early.
-class Transient : public std::runtime_error {
+class Transient : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit Transient(const std::string& what) : Error(Kind::unavailable, what) {}
 };
 
 bool transient_status(long s) {

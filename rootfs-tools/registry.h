@@ -12,11 +12,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "rootfs-tools/blob_store.h"
 #include "rootfs-tools/digest.h"
 #include "rootfs-tools/http.h"
@@ -35,12 +35,16 @@ struct RegistryTimings {
 };
 
 // The registry said no, or could not be reached; what() names the registry, the
-// repository and the manifest or blob.
-class RegistryError : public std::runtime_error {
+// repository and the manifest or blob. Kind not_found for a 404, else unavailable.
+class RegistryError : public Error {
   public:
     RegistryError(const std::string& what, long status = 0)
-        : std::runtime_error(what), status_(status) {}
+        : RegistryError(status == 404 ? Kind::not_found : Kind::unavailable, what, status) {}
     long status() const { return status_; }  // the HTTP status, 0 without an answer
+
+  protected:
+    RegistryError(Kind kind, const std::string& what, long status)
+        : Error(kind, what), status_(status) {}
 
   private:
     long status_;
@@ -49,13 +53,14 @@ class RegistryError : public std::runtime_error {
 // Authentication failed: no credentials for a registry that wants them, or rejected ones.
 class RegistryAuthError : public RegistryError {
   public:
-    using RegistryError::RegistryError;
+    RegistryAuthError(const std::string& what, long status = 0)
+        : RegistryError(Kind::permission_denied, what, status) {}
 };
 
 // The pull was cancelled (its cancel flag, or a failure elsewhere in it).
-class PullCancelled : public std::runtime_error {
+class PullCancelled : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit PullCancelled(const std::string& what) : Error(Kind::cancelled, what) {}
 };
 
 class RegistryClient {

@@ -6,19 +6,19 @@
 
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "rootfs-tools/reference.h"
 
 namespace berth::images {
 
 // A configuration file that is not what it should be; what() names the file and the field.
-class ConfigError : public std::runtime_error {
+class ConfigError : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit ConfigError(const std::string& what) : Error(Kind::invalid_argument, what) {}
 };
 
 struct Credentials {

@@ -22,11 +22,12 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/cancel.h"
+#include "base/error.h"
 #include "transfer/file_ops.h"
 #include "transfer/root.h"
 
@@ -38,8 +39,8 @@ struct Summary {
     std::vector<std::string> warnings;
 };
 
-// While a transfer runs, `cancel_fd` (if >= 0) is watched whenever the stream would block:
-// readable or hung up means stop (SysError with ECANCELED). The daemon's connection.
+// While a transfer runs, `cancel` (when set) is watched whenever the stream would block and
+// between the chunks of a copy in the kernel: cancelled means stop (SysError with ECANCELED).
 struct WriteOptions {
     // The top entry's name in the stream (e.g. the destination's basename). Empty = the
     // basename of the source path.
@@ -47,7 +48,7 @@ struct WriteOptions {
     // A directory source: write a "." entry for the directory itself, then its contents
     // named relative to it, instead of one entry named `name` with its subtree.
     bool contents_only = false;
-    int cancel_fd = -1;
+    const CancelToken* cancel = nullptr;
     // Large files outside the stream. When the top entry is a regular file without holes,
     // its header says so (type 'B', pax BERTH.side_file=1, BERTH.side_size=N, size 0) and
     // its data does not follow in the stream: with `side_data_out` >= 0 the writer copies it
@@ -89,7 +90,7 @@ struct ExtractOptions {
     Ownership owner;  // for Owners::fixed; nullopt fields = leave as the process creates
     // Created parent directories of `dest` (mkdir -p) get this mode and `owner`.
     mode_t parent_mode = 0755;
-    int cancel_fd = -1;
+    const CancelToken* cancel = nullptr;
     // Entries whose data is outside the stream (BERTH.side_file=k, see WriteOptions): the
     // data is copied from side_data[k-1] (an upload: the client's file, read-only)...
     std::vector<int> side_data;
@@ -101,10 +102,10 @@ struct ExtractOptions {
 
 // An image layer over ExtractOptions::Layer's max_bytes or max_entries (nothing of it is
 // left: the extraction rolled back).
-class LimitExceeded : public std::runtime_error {
+class LimitExceeded : public Error {
   public:
     LimitExceeded(const std::string& message, bool entries, uint64_t limit)
-        : std::runtime_error(message), entries(entries), limit(limit) {}
+        : Error(Kind::resource_exhausted, message), entries(entries), limit(limit) {}
     bool entries;    // the entry count (else the bytes of file data)
     uint64_t limit;  // the one passed
 };

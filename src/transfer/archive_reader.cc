@@ -109,7 +109,7 @@ class Extractor {
     Extractor(int in, const Root& root, std::string_view dest, const ExtractOptions& options)
         : root_(root),
           options_(options),
-          in_(in, options.cancel_fd),
+          in_(in, options.cancel),
           dest_display_(dest),
           rng_(std::random_device{}()) {}
 
@@ -901,9 +901,8 @@ void Extractor::side_data(const Entry& e, Temp& t, int dirfd) {
         prefilled_used_ = true;
     } else if (e.side_file <= options_.side_data.size()) {
         make_temp(t, dirfd, e.where);
-        const uint64_t copied =
-            internal::copy_file_to_file(options_.side_data[e.side_file - 1], t.fd.get(),
-                                        e.side_size, options_.cancel_fd, e.where);
+        const uint64_t copied = internal::copy_file_to_file(
+            options_.side_data[e.side_file - 1], t.fd.get(), e.side_size, options_.cancel, e.where);
         if (copied != e.side_size)
             bad("side file (shorter than the announced " + std::to_string(e.side_size) + " bytes)",
                 e.where, EIO);
@@ -1066,7 +1065,7 @@ void Extractor::extract_hardlink(Entry& e) {
 Summary extract_archive(int in, const Root& root, std::string_view dest,
                         const ExtractOptions& options) {
     check_path(dest);
-    internal::NonBlockGuard nonblock(in, options.cancel_fd >= 0);
+    internal::NonBlockGuard nonblock(in, options.cancel != nullptr);
     Extractor x(in, root, dest, options);
     return x.run();
 }

@@ -26,7 +26,7 @@ using internal::read_link;
 
 class Writer {
   public:
-    Writer(int out, const WriteOptions& options) : out_(out, options.cancel_fd) {}
+    Writer(int out, const WriteOptions& options) : out_(out, options.cancel) {}
 
     // The entry `name` in the directory `dirfd`. `dtype` from getdents (DT_UNKNOWN: stat).
     void entry_at(int dirfd, const char* name, unsigned char dtype, const std::string& arcname,
@@ -37,7 +37,7 @@ class Writer {
                  const std::string& display);
     // A regular file whose data goes outside the stream (see WriteOptions).
     void regular_side(int fd, const struct stat& st, const std::string& arcname,
-                      const std::string& display, int side_out, int cancel_fd);
+                      const std::string& display, int side_out, const CancelToken* cancel);
     void symlink(const struct stat& st, const std::string& target, const std::string& arcname);
     void skip_special(const struct stat& st, const std::string& display);
     void finish() {
@@ -173,11 +173,11 @@ void Writer::regular(int fd, const struct stat& st, const std::string& arcname,
 }
 
 void Writer::regular_side(int fd, const struct stat& st, const std::string& arcname,
-                          const std::string& display, int side_out, int cancel_fd) {
+                          const std::string& display, int side_out, const CancelToken* cancel) {
     const uint64_t size = static_cast<uint64_t>(st.st_size);
     if (side_out >= 0) {
         // The data first: once the reader sees the header, the file is complete.
-        const uint64_t copied = internal::copy_file_to_file(fd, side_out, size, cancel_fd, display);
+        const uint64_t copied = internal::copy_file_to_file(fd, side_out, size, cancel, display);
         if (copied != size) throw_sys("read", display + " (changed while being copied)", EIO);
     }
     std::string pax;
@@ -289,7 +289,7 @@ Summary write_archive(const Root& root, std::string_view path, int out,
                       const WriteOptions& options) {
     std::string name = top_name(path, options);
     std::string display(path);
-    internal::NonBlockGuard nonblock(out, options.cancel_fd >= 0);
+    internal::NonBlockGuard nonblock(out, options.cancel != nullptr);
     Writer w(out, options);
     UniqueFd top = root.open_at(path, O_PATH | O_NOFOLLOW);
     struct stat st;
@@ -308,7 +308,7 @@ Summary write_archive(const Root& root, std::string_view path, int out,
         const bool holes = st.st_size > 0 && static_cast<uint64_t>(st.st_blocks) * 512 <
                                                  static_cast<uint64_t>(st.st_size);
         if ((options.side_data_out >= 0 || options.side_data_passed) && !holes)
-            w.regular_side(file.get(), st, name, display, options.side_data_out, options.cancel_fd);
+            w.regular_side(file.get(), st, name, display, options.side_data_out, options.cancel);
         else
             w.regular(file.get(), st, name, display);
     } else {

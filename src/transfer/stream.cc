@@ -28,9 +28,9 @@ FdKind fd_kind(int fd) {
     return FdKind::other;
 }
 
-void wait_fd(int fd, short events, int cancel_fd) {
-    pollfd p[2] = {{fd, events, 0}, {cancel_fd, POLLIN, 0}};
-    nfds_t n = cancel_fd >= 0 ? 2 : 1;
+void wait_fd(int fd, short events, const CancelToken* cancel) {
+    pollfd p[2] = {{fd, events, 0}, {cancel ? cancel->fd() : -1, POLLIN, 0}};
+    nfds_t n = cancel ? 2 : 1;
     for (;;) {
         int r = ::poll(p, n, -1);
         if (r < 0) {
@@ -42,16 +42,14 @@ void wait_fd(int fd, short events, int cancel_fd) {
     }
 }
 
-uint64_t copy_file_to_file(int in, int out, uint64_t n, int cancel_fd, std::string_view subject) {
+uint64_t copy_file_to_file(int in, int out, uint64_t n, const CancelToken* cancel,
+                           std::string_view subject) {
     constexpr uint64_t kChunk = 64u << 20;
     loff_t in_off = 0, out_off = 0;
     bool use_cfr = true;
     uint64_t done = 0;
     while (done < n) {
-        if (cancel_fd >= 0) {
-            pollfd p{cancel_fd, POLLIN, 0};
-            if (::poll(&p, 1, 0) > 0 && p.revents) throw_sys("transfer", "cancelled", ECANCELED);
-        }
+        if (cancel && cancel->cancelled()) throw_sys("transfer", "cancelled", ECANCELED);
         const size_t chunk = static_cast<size_t>(std::min(kChunk, n - done));
         ssize_t r;
         if (use_cfr) {
@@ -95,8 +93,8 @@ NonBlockGuard::~NonBlockGuard() {
 
 // ---- output ----
 
-OutputStream::OutputStream(int fd, int cancel_fd)
-    : fd_(fd), cancel_fd_(cancel_fd), kind_(fd_kind(fd)), buf_(new char[kCapacity]) {}
+OutputStream::OutputStream(int fd, const CancelToken* cancel)
+    : fd_(fd), cancel_(cancel), kind_(fd_kind(fd)), buf_(new char[kCapacity]) {}
 
 char* OutputStream::reserve(size_t n) {
     if (len_ + n > kCapacity) flush();
@@ -136,7 +134,7 @@ void OutputStream::write_all(const char* p, size_t n) {
         if (r < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN) {
-                wait_fd(fd_, POLLOUT, cancel_fd_);
+                wait_fd(fd_, POLLOUT, cancel_);
                 continue;
             }
             throw_sys("write", "archive stream");
@@ -173,7 +171,7 @@ uint64_t OutputStream::send_file(int fd, uint64_t offset, uint64_t len, std::str
             call = "splice";
             // A blocking splice into a pipe only waits while the pipe is full: poll first
             // so that a cancel is seen.
-            if (cancel_fd_ >= 0) wait_fd(fd_, POLLOUT, cancel_fd_);
+            if (cancel_) wait_fd(fd_, POLLOUT, cancel_);
             loff_t off = static_cast<loff_t>(offset + sent);
             r = ::splice(fd, &off, fd_, nullptr, chunk, SPLICE_F_MOVE | SPLICE_F_MORE);
             if (r < 0 && (errno == EINVAL || errno == ENOSYS)) {
@@ -207,7 +205,7 @@ uint64_t OutputStream::send_file(int fd, uint64_t offset, uint64_t len, std::str
         if (r < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN) {
-                wait_fd(fd_, POLLOUT, cancel_fd_);
+                wait_fd(fd_, POLLOUT, cancel_);
                 continue;
             }
             throw_sys(call, subject);
@@ -219,8 +217,8 @@ uint64_t OutputStream::send_file(int fd, uint64_t offset, uint64_t len, std::str
 
 // ---- input ----
 
-InputStream::InputStream(int fd, int cancel_fd)
-    : fd_(fd), cancel_fd_(cancel_fd), kind_(fd_kind(fd)), buf_(new char[kCapacity]) {}
+InputStream::InputStream(int fd, const CancelToken* cancel)
+    : fd_(fd), cancel_(cancel), kind_(fd_kind(fd)), buf_(new char[kCapacity]) {}
 
 size_t InputStream::read_upto(void* dst, size_t n) {
     auto p = static_cast<char*>(dst);
@@ -230,7 +228,7 @@ size_t InputStream::read_upto(void* dst, size_t n) {
         if (r < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN) {
-                wait_fd(fd_, POLLIN, cancel_fd_);
+                wait_fd(fd_, POLLIN, cancel_);
                 continue;
             }
             throw_sys("read", "archive stream");
@@ -259,7 +257,7 @@ void InputStream::copy_to_file(int out, uint64_t offset, uint64_t n, std::string
         ssize_t r;
         if (kind_ == FdKind::pipe && splice_ok_ && n > 16384) {
             // A blocking splice from a pipe only waits while the pipe is empty.
-            if (cancel_fd_ >= 0) wait_fd(fd_, POLLIN, cancel_fd_);
+            if (cancel_) wait_fd(fd_, POLLIN, cancel_);
             loff_t off = static_cast<loff_t>(offset);
             r = ::splice(fd_, nullptr, out, &off, chunk, SPLICE_F_MOVE);
             if (r < 0 && (errno == EINVAL || errno == ENOSYS)) {
@@ -294,7 +292,7 @@ void InputStream::copy_to_file(int out, uint64_t offset, uint64_t n, std::string
         if (r < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN) {
-                wait_fd(fd_, POLLIN, cancel_fd_);
+                wait_fd(fd_, POLLIN, cancel_);
                 continue;
             }
             throw_sys("write", subject);

@@ -1,7 +1,7 @@
 // The byte movers under the archive writer and reader. File data goes fd to fd (splice,
 // sendfile, copy_file_range) where the kinds of fds allow; headers and small files are
-// batched through one buffer. When a cancel fd is given, the stream fd is made non-blocking
-// for the transfer and every wait polls it together with the cancel fd.
+// batched through one buffer. When a cancel token is given, the stream fd is made
+// non-blocking for the transfer and every wait polls it together with the token's fd.
 #pragma once
 
 #include <sys/types.h>
@@ -10,19 +10,22 @@
 #include <memory>
 #include <string_view>
 
+#include "base/cancel.h"
+
 namespace berth::transfer::internal {
 
 enum class FdKind { pipe, socket, file, other };
 FdKind fd_kind(int fd);
 
-// Waits until `fd` has `events` (POLLIN/POLLOUT); SysError ECANCELED if `cancel_fd` (>= 0)
-// becomes readable or hangs up first.
-void wait_fd(int fd, short events, int cancel_fd);
+// Waits until `fd` has `events` (POLLIN/POLLOUT); SysError ECANCELED if `cancel` (when
+// given) is cancelled first.
+void wait_fd(int fd, short events, const CancelToken* cancel);
 
 // Copies `n` bytes from the start of the regular file `in` to the start of the regular file
 // `out` in the kernel (copy_file_range, or sendfile across filesystems), in chunks with a
-// look at `cancel_fd` between them. Returns the bytes copied: fewer if `in` is shorter.
-uint64_t copy_file_to_file(int in, int out, uint64_t n, int cancel_fd, std::string_view subject);
+// look at `cancel` between them. Returns the bytes copied: fewer if `in` is shorter.
+uint64_t copy_file_to_file(int in, int out, uint64_t n, const CancelToken* cancel,
+                           std::string_view subject);
 
 // Sets O_NONBLOCK on `fd` while alive (when `enable`), then restores the flags.
 class NonBlockGuard {
@@ -42,7 +45,7 @@ class OutputStream {
     static constexpr size_t kCapacity = 1 << 20;
     static constexpr size_t kSmallFile = 64 << 10;
 
-    OutputStream(int fd, int cancel_fd);
+    OutputStream(int fd, const CancelToken* cancel);
     // Room for `n` (<= kCapacity) bytes at the end of the buffer; commit() what was used.
     char* reserve(size_t n);
     void commit(size_t n) { len_ += n; }
@@ -57,7 +60,7 @@ class OutputStream {
     void write_all(const char* p, size_t n);
 
     int fd_;
-    int cancel_fd_;
+    const CancelToken* cancel_;
     FdKind kind_;
     std::unique_ptr<char[]> buf_;
     size_t len_ = 0;
@@ -70,7 +73,7 @@ class InputStream {
   public:
     static constexpr size_t kCapacity = 1 << 20;
 
-    InputStream(int fd, int cancel_fd);
+    InputStream(int fd, const CancelToken* cancel);
     // Reads until `n` bytes or end of stream; returns how many.
     size_t read_upto(void* dst, size_t n);
     // Exactly `n` bytes or SysError EIO (truncated) naming `subject`.
@@ -84,7 +87,7 @@ class InputStream {
 
   private:
     int fd_;
-    int cancel_fd_;
+    const CancelToken* cancel_;
     FdKind kind_;
     std::unique_ptr<char[]> buf_;
     bool splice_ok_ = true;

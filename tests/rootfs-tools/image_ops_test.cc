@@ -82,7 +82,7 @@ TEST_F(ImageOpsTest, ImportsFromAnFdAndTellsTheFormatByContent) {
     // directories 0755).
     const Image from_dir =
         store.import_fd(open_ro(dir_ + "/layout", O_DIRECTORY).get(),
-                        parse_reference("test/dir:v1"), {"the layout", nobody(), -1});
+                        parse_reference("test/dir:v1"), {"the layout", nobody(), nullptr});
     EXPECT_EQ(from_dir.name, "docker.io/test/dir:v1");
     // The same layout as a tar: the same manifest.
     const Image from_tar = store.import_fd(open_ro(tar_of(dir_ + "/layout")).get(),
@@ -94,7 +94,7 @@ TEST_F(ImageOpsTest, ImportsFromAnFdAndTellsTheFormatByContent) {
     EXPECT_EQ(docker.layers, from_dir.layers);
     // A layout whose only tag is "v1" names no image: a name is asked for.
     try {
-        store.import_fd(open_ro(dir_ + "/layout", O_DIRECTORY).get(), {}, {"L", nobody(), -1});
+        store.import_fd(open_ro(dir_ + "/layout", O_DIRECTORY).get(), {}, {"L", nobody(), nullptr});
         ADD_FAILURE() << "imported without a name";
     } catch (const ManifestError& e) {
         EXPECT_NE(std::string(e.what()).find("give one"), std::string::npos) << e.what();
@@ -123,7 +123,7 @@ TEST_F(ImageOpsTest, ADirectoryIsReadWithTheCallersRights) {
     ASSERT_EQ(::chown(layer_blob.c_str(), 0, 4242), 0);
     auto import_as = [&](Caller c) {
         return store.import_fd(open_ro(layout, O_DIRECTORY).get(), parse_reference("p:v1"),
-                               {"the layout", c, -1});
+                               {"the layout", c, nullptr});
     };
     try {
         import_as(nobody());
@@ -158,7 +158,7 @@ TEST_F(ImageOpsTest, SymlinksFifosAndEscapesInALayoutAreRefused) {
     fs::create_symlink(moved, blob);
     auto import = [&] {
         return store.import_fd(open_ro(layout, O_DIRECTORY).get(), parse_reference("s:v1"),
-                               {"the layout", nobody(), -1});
+                               {"the layout", nobody(), nullptr});
     };
     try {
         import();

@@ -557,14 +557,14 @@ TEST_F(PullTest, ACancelledPullLeavesNothing) {
     registry.push(layout, "v1", "test/big:v1");
     ImageStore store(dir_ + "/store", 200000);
     Puller puller(store, {}, {});
-    std::atomic<bool> cancel{false};
+    berth::CancelToken cancel;
     PullOptions o;
     o.cancel = &cancel;
     uint64_t seen = 0;
     o.progress = [&](const PullEvent& e) {
         if (e.kind == PullEvent::Kind::blob_progress) {
             seen = e.done;
-            cancel = true;  // at the first bytes of the layer
+            cancel.cancel();  // at the first bytes of the layer
         }
     };
     const Reference ref = parse_reference(registry.host() + "/test/big:v1");
@@ -581,8 +581,8 @@ TEST_F(PullTest, ACancelledPullLeavesNothing) {
 
     // Cancelled before it starts: it stops at once.
     EXPECT_THROW(puller.pull(ref, o), PullCancelled);
-    // And the same pull without the flag completes.
-    cancel = false;
+    // And the same pull without the token completes.
+    o.cancel = nullptr;
     o.progress = nullptr;
     EXPECT_EQ(puller.pull(ref, o).layers.size(), 1u);
 }

@@ -34,3 +34,16 @@ TEST(ErrorCodes, WhatAPeerSendsIsChecked) {
     ASSERT_TRUE(read.ParseFromString(failed.SerializeAsString()));
     EXPECT_EQ(wire::error_code_from_peer(read.code()), v1::INTERNAL);
 }
+
+TEST(ErrorCodes, KindsAndCodesConvertBothWays) {
+    for (int c = v1::ErrorCode_MIN; c <= v1::ErrorCode_MAX; ++c) {
+        const auto code = static_cast<v1::ErrorCode>(c);
+        EXPECT_EQ(wire::error_code(wire::error_kind(code)), code) << c;
+    }
+    EXPECT_EQ(wire::error_code(Error::Kind::cancelled), v1::CANCELED);
+    EXPECT_EQ(wire::error_kind(v1::FAILED_PRECONDITION), Error::Kind::failed_precondition);
+    EXPECT_EQ(wire::error_kind(static_cast<v1::ErrorCode>(999)), Error::Kind::internal);
+    // A SysError's kind gives the code its errno does.
+    EXPECT_EQ(wire::error_code(SysError("open", "/x", EDQUOT).kind()),
+              wire::error_code_for_errno(EDQUOT));
+}

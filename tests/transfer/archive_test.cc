@@ -642,8 +642,9 @@ TEST_P(ArchiveTest, CancelFdStopsABlockedTransfer) {
         ::usleep(100000);
         cw.reset();  // hang up
     });
+    const CancelToken write_cancel = CancelToken::watching(cr.get());
     WriteOptions wo;
-    wo.cancel_fd = cr.get();
+    wo.cancel = &write_cancel;
     EXPECT_EQ(error_of([&] { write_archive(src(), "big", dw.get(), wo); }), ECANCELED);
     t.join();
     EXPECT_EQ(::fcntl(dw.get(), F_GETFL) & O_NONBLOCK, 0);  // flags restored
@@ -656,8 +657,9 @@ TEST_P(ArchiveTest, CancelFdStopsABlockedTransfer) {
         ::usleep(100000);
         ASSERT_EQ(::write(cw.get(), "x", 1), 1);
     });
+    const CancelToken read_cancel = CancelToken::watching(cr.get());
     ExtractOptions eo;
-    eo.cancel_fd = cr.get();
+    eo.cancel = &read_cancel;
     EXPECT_EQ(error_of([&] { extract_archive(dr.get(), dst(), "c", eo); }), ECANCELED);
     t2.join();
     EXPECT_FALSE(exists(base / "dst/c"));

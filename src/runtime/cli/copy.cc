@@ -229,11 +229,10 @@ int download(Client& c, const CopyArgs& args, const std::string& sandbox, const 
         reply = c.copy_out(
             req, [&](int fd) { received = transfer::extract_archive(fd, host, into, options); },
             side_files);
-    } catch (const ClientError& e) {
+    } catch (ClientError& e) {
         // With a side file the sandbox wrote into our file: running out of space there is
         // the host destination's problem, and the message must name it.
-        if (prefilled && e.code == v1::RESOURCE_EXHAUSTED)
-            throw ClientError(e.code, "writing " + args.destination + ": " + e.what());
+        if (prefilled && e.code == v1::RESOURCE_EXHAUSTED) e.wrap("writing " + args.destination);
         throw;
     }
     print_warnings(reply);

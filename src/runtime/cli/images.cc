@@ -288,11 +288,9 @@ int ImageCommands::import(Client& c) {
     if (!fd) throw_sys("open", path_);
     v1::ClientMessage m;
     m.mutable_import_image()->set_name(name_);
-    try {
+    with_context("importing " + path_, [&] {
         print_image_line("Imported", c.call(std::move(m), {fd.get()}).import_image().image());
-    } catch (const client::ClientError& e) {
-        throw client::ClientError(e.code, "importing " + path_ + ": " + e.what());
-    }
+    });
     return 0;
 }
 

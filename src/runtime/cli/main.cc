@@ -429,10 +429,7 @@ int main(int argc, char** argv) {
             }
             return code;
         }
-    } catch (const ClientError& e) {
-        std::cerr << "berth: " << e.what() << std::endl;
-        return kExitError;
-    } catch (const std::exception& e) {
+    } catch (const std::exception& e) {  // ClientError and the CLI's own alike
         std::cerr << "berth: " << e.what() << std::endl;
         return kExitError;
     }

@@ -2,21 +2,24 @@
 #pragma once
 
 #include <functional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/error.h"
 #include "base/unique_fd.h"
 #include "berth.pb.h"
+#include "runtime/wire/error_codes.h"
 
 namespace berth::client {
 
 // An Error reply from the daemon (or a broken connection, as UNAVAILABLE).
-class ClientError : public std::runtime_error {
+// `code` stays a member beside the kind it sets (callers read e.code): the daemon's code as
+// it came.
+class ClientError : public Error {
   public:
     ClientError(v1::ErrorCode code, const std::string& message)
-        : std::runtime_error(message), code(code) {}
+        : Error(wire::error_kind(code), message), code(code) {}
     v1::ErrorCode code;
 };
 

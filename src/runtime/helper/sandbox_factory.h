@@ -11,6 +11,7 @@
 #include <set>
 #include <string>
 
+#include "base/error.h"
 #include "base/undo.h"
 #include "base/unique_fd.h"
 #include "berth.pb.h"
@@ -20,6 +21,7 @@
 #include "ns/security.h"
 #include "runtime/helper/janitor.h"
 #include "runtime/helper/storage.h"
+#include "runtime/wire/error_codes.h"
 
 namespace berth::helper {
 
@@ -39,9 +41,10 @@ struct Config {
 };
 
 // A request the helper refuses or cannot do, and the code berthd passes to the client.
-struct HelperError : std::runtime_error {
+// `code` stays a member beside the kind it sets (callers read e.code).
+struct HelperError : Error {
     HelperError(v1::ErrorCode code, const std::string& message)
-        : std::runtime_error(message), code(code) {}
+        : Error(wire::error_kind(code), message), code(code) {}
     v1::ErrorCode code;
 };
 

@@ -319,9 +319,10 @@ class FetcherProcess {
 };
 
 // The worker died (or its channel broke) before it answered.
-class WorkerGone : public std::runtime_error {
+// (Kind internal: what berth-images has always answered when the second one died too.)
+class WorkerGone : public Error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit WorkerGone(const std::string& what) : Error(Kind::internal, what) {}
 };
 
 // One fetcher or parse worker and its channel: each call is a Request; a reader thread hands

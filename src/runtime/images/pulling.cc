@@ -46,33 +46,26 @@ Pulling make_pulling(images::ImageStore& store, FetcherSpec fetcher) {
     Pulling p;
     p.pull = [&store, fetcher](const v1::PullImage& request,
                                const std::function<void(const v1::ImageProgress&)>& progress,
-                               const std::atomic<bool>& cancel) -> images::Image {
+                               const CancelToken& cancel) -> images::Image {
         const images::Reference ref = images::parse_reference(request.reference());
         images::PullOptions options;
         options.cancel = &cancel;
         if (!request.platform().empty()) options.platform = parse_platform(request.platform());
-        try {
-            options.progress = [&](const images::PullEvent& e) {
-                v1::ImageProgress out;
-                out.set_kind(kind_of(e.kind));
-                out.set_digest(e.digest.str());
-                out.set_done(e.done);
-                out.set_total(e.total);
-                out.set_message(e.message);
-                progress(out);
-            };
-            // The client's credentials go to the fetcher as they came: it parses them.
-            images::Puller puller(store, fetcher_sessions(fetcher, request.auth_config()));
-            return puller.pull(ref, options);
-        } catch (const images::RegistryAuthError& e) {
-            throw PullFailed(v1::PERMISSION_DENIED, e.what());
-        } catch (const images::RegistryError& e) {
-            throw PullFailed(e.status() == 404 ? v1::NOT_FOUND : v1::UNAVAILABLE, e.what());
-        } catch (const images::PullCancelled& e) {
-            throw PullFailed(v1::CANCELED, e.what());
-        } catch (const images::ConfigError& e) {
-            throw PullFailed(v1::INVALID_ARGUMENT, e.what());
-        }
+        options.progress = [&](const images::PullEvent& e) {
+            v1::ImageProgress out;
+            out.set_kind(kind_of(e.kind));
+            out.set_digest(e.digest.str());
+            out.set_done(e.done);
+            out.set_total(e.total);
+            out.set_message(e.message);
+            progress(out);
+        };
+        // The client's credentials go to the fetcher as they came: it parses them. What
+        // fails says its code by its kind: a registry's refusal (RegistryAuthError), its 404
+        // or unreachability (RegistryError), a cancel (PullCancelled), a bad registries
+        // config (ConfigError).
+        images::Puller puller(store, fetcher_sessions(fetcher, request.auth_config()));
+        return puller.pull(ref, options);
     };
     return p;
 }

@@ -4,7 +4,6 @@
 // client's credentials over them, and its events as ImageProgress.
 #pragma once
 
-#include <stdexcept>
 #include <string>
 
 #include "berth.pb.h"
@@ -12,15 +11,6 @@
 #include "runtime/images/service.h"
 
 namespace berth::images_service {
-
-// A pull failed in a way the protocol has a code for (auth, unreachable, not found,
-// cancelled, a bad configuration); what() says what and where.
-class PullFailed : public std::runtime_error {
-  public:
-    PullFailed(v1::ErrorCode code, const std::string& what)
-        : std::runtime_error(what), code(code) {}
-    v1::ErrorCode code;
-};
 
 Pulling make_pulling(images::ImageStore& store, FetcherSpec fetcher);
 

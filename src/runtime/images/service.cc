@@ -1,6 +1,5 @@
 #include "runtime/images/service.h"
 
-#include <sys/eventfd.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -30,25 +29,13 @@ namespace {
 std::pair<v1::ErrorCode, std::string> classify(std::exception_ptr e, v1::ErrorCode fallback) {
     try {
         std::rethrow_exception(e);
-    } catch (const PullFailed& x) {
-        return {x.code, x.what()};
-    } catch (const images::ImageNotFound& x) {
-        return {v1::NOT_FOUND, x.what()};
-    } catch (const images::ImageInUse& x) {
-        return {v1::FAILED_PRECONDITION, x.what()};
-    } catch (const images::BlobMismatch& x) {
-        return {v1::INVALID_ARGUMENT, x.what()};
-    } catch (const images::LayerTooLarge& x) {
-        return {v1::RESOURCE_EXHAUSTED, x.what()};
-    } catch (const images::ManifestError& x) {
-        return {v1::INVALID_ARGUMENT, x.what()};
-    } catch (const images::BootstrapError& x) {
-        return {v1::INTERNAL, x.what()};
-    } catch (const std::invalid_argument& x) {
-        return {v1::INVALID_ARGUMENT, x.what()};
     } catch (const SysError& x) {
         if (x.code() == ECANCELED) return {v1::CANCELED, "canceled"};
         return {wire::error_code_for_errno(x.code(), fallback), x.what()};
+    } catch (const Error& x) {  // the store's, the registry's (auth, 404, unreachable), ...
+        return {wire::error_code(x.kind()), x.what()};
+    } catch (const std::invalid_argument& x) {
+        return {v1::INVALID_ARGUMENT, x.what()};
     } catch (const std::exception& x) {
         return {v1::INTERNAL, x.what()};
     }
@@ -85,12 +72,6 @@ v1::ImageInfo image_info(const Image& image) {
     info.set_size(image.size);
     info.set_created(image.created);
     return info;
-}
-
-void Service::Job::stop() {
-    cancel = true;
-    const uint64_t one = 1;
-    if (cancel_event) (void)!::write(cancel_event.get(), &one, sizeof one);
 }
 
 Service::Service(images::ImageStore& store, int channel, Pulling pulling)
@@ -138,7 +119,7 @@ void Service::serve() {
     // the store is made to be cut at any point, and what a cut leaves is swept at the next
     // open. The jobs are flagged first so that none starts anything new meanwhile.
     std::lock_guard lock(jobs_mu_);
-    for (auto& [id, job] : jobs_) job->stop();
+    for (auto& [id, job] : jobs_) job->cancel.cancel();
 }
 
 void Service::dispatch(v1::images::Request request, std::vector<UniqueFd> fds) {
@@ -155,7 +136,7 @@ void Service::dispatch(v1::images::Request request, std::vector<UniqueFd> fds) {
     switch (request.body_case()) {
         case R::kCancel: {
             std::lock_guard lock(jobs_mu_);
-            if (auto it = jobs_.find(id); it != jobs_.end()) it->second->stop();
+            if (auto it = jobs_.find(id); it != jobs_.end()) it->second->cancel.cancel();
             return;  // the request itself answers (CANCELED, or its result if it was done)
         }
         case R::kListImages:
@@ -188,13 +169,14 @@ void Service::dispatch(v1::images::Request request, std::vector<UniqueFd> fds) {
 }
 
 void Service::spawn(uint64_t id, std::function<void(Job&)> work) {
-    auto job = std::make_shared<Job>();
-    job->id = id;
-    job->cancel_event.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!job->cancel_event) {
-        send_error(id, v1::RESOURCE_EXHAUSTED, std::string("eventfd: ") + std::strerror(errno));
+    std::shared_ptr<Job> job;
+    try {
+        job = std::make_shared<Job>();
+    } catch (const SysError& e) {  // its token's eventfd
+        send_error(id, v1::RESOURCE_EXHAUSTED, std::string("eventfd: ") + std::strerror(e.code()));
         return;
     }
+    job->id = id;
     {
         std::lock_guard lock(jobs_mu_);
         if (!jobs_.emplace(id, job).second) {
@@ -208,7 +190,7 @@ void Service::spawn(uint64_t id, std::function<void(Job&)> work) {
             work(*job);
         } catch (...) {
             auto [code, message] = classify(std::current_exception(), v1::INTERNAL);
-            if (job->cancel) code = v1::CANCELED, message = "canceled";
+            if (job->cancel.cancelled()) code = v1::CANCELED, message = "canceled";
             send_error(job->id, code, message);
         }
         std::lock_guard lock(jobs_mu_);
@@ -251,7 +233,7 @@ void Service::import(Job& job, const v1::images::Request& request, UniqueFd fd) 
     struct stat st;
     const bool dir = ::fstat(fd.get(), &st) == 0 && S_ISDIR(st.st_mode);
     options.label = dir ? "the layout directory" : "the archive";
-    options.cancel_fd = job.cancel_event.get();
+    options.cancel = &job.cancel;
     if (request.has_caller()) {
         images::Caller caller;
         caller.uid = request.caller().uid();
@@ -270,7 +252,7 @@ void Service::import(Job& job, const v1::images::Request& request, UniqueFd fd) 
     } catch (const SysError&) {
         // A system error while reading the client's archive is about that archive.
         auto [code, message] = classify(std::current_exception(), v1::INVALID_ARGUMENT);
-        if (job.cancel) code = v1::CANCELED, message = "canceled";
+        if (job.cancel.cancelled()) code = v1::CANCELED, message = "canceled";
         send_error(job.id, code, message);
         return;
     }
@@ -285,12 +267,11 @@ void Service::export_image(Job& job, const v1::ExportImage& request, UniqueFd fd
     uint64_t bytes = 0;
     try {
         auto hold = store_.hold_content();  // its blobs stay while they are read
-        bytes =
-            store_.export_oci_archive(image, fd.get(), tag_of(image.name), job.cancel_event.get());
+        bytes = store_.export_oci_archive(image, fd.get(), tag_of(image.name), &job.cancel);
     } catch (const SysError& e) {
         auto [code, message] = classify(std::current_exception(), v1::INTERNAL);
         if (e.code() == EPIPE) code = v1::CANCELED, message = "the reader of the export went away";
-        if (job.cancel) code = v1::CANCELED, message = "canceled";
+        if (job.cancel.cancelled()) code = v1::CANCELED, message = "canceled";
         send_error(job.id, code, message);
         return;
     }

@@ -4,7 +4,6 @@
 // are written whole, one at a time, under a mutex; each carries its request's id.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/cancel.h"
 #include "base/unique_fd.h"
 #include "images.pb.h"
 #include "rootfs-tools/image_store.h"
@@ -22,10 +22,10 @@ namespace berth::images_service {
 // not depend on how a pull is made.
 struct Pulling {
     // Pulls `request` into the store, calling `progress` as it goes; stops soon after
-    // `cancel` is set (throwing). Returns the image recorded.
+    // `cancel` is cancelled (throwing). Returns the image recorded.
     std::function<images::Image(const v1::PullImage& request,
                                 const std::function<void(const v1::ImageProgress&)>& progress,
-                                const std::atomic<bool>& cancel)>
+                                const CancelToken& cancel)>
         pull;
 };
 
@@ -41,9 +41,7 @@ class Service {
     // One request that runs on a thread of its own.
     struct Job {
         uint64_t id = 0;
-        std::atomic<bool> cancel{false};
-        UniqueFd cancel_event;  // an eventfd: readable once cancelled (transfer's cancel_fd)
-        void stop();
+        CancelToken cancel;  // its eventfd is what transfer and the unpack worker watch
     };
 
     void dispatch(v1::images::Request request, std::vector<UniqueFd> fds);

@@ -17,6 +17,7 @@
 #include <random>
 
 #include "base/child_process.h"
+#include "base/cancel.h"
 #include "base/error.h"
 #include "base/unique_fd.h"
 #include "ns/security.h"
@@ -262,12 +263,14 @@ images::Unpacker isolated_unpacker(std::string binary, ns::IdMapping mapping) {
 }
 
 images::ArchiveExtractor isolated_archive_extractor(std::string binary, ns::IdMapping mapping) {
-    return [binary = std::move(binary), mapping](int in, int cancel_fd, const std::string& dest) {
+    return [binary = std::move(binary), mapping](int in, const CancelToken* cancel,
+                                                 const std::string& dest) {
         v1::unpack::Job job;
         job.set_compression(v1::unpack::NONE);
         job.set_label(dest);
         job.set_archive(true);
-        run_worker(binary, mapping, in, cancel_fd, dest, job);
+        // The token's fd goes to the worker, which watches it (its fd 6).
+        run_worker(binary, mapping, in, cancel ? cancel->fd() : -1, dest, job);
     };
 }
 
@@ -309,8 +312,9 @@ int unpack_worker_main() {
         check_sys("fchdir", "scratch", [] { return ::fchdir(kScratchFd); });
         if (job.archive()) {
             // Owners its own (the namespace's root), nothing outside ./layer, no device.
+            const CancelToken cancel = CancelToken::watching(kCancelFd);
             transfer::ExtractOptions x;
-            x.cancel_fd = kCancelFd;
+            x.cancel = &cancel;
             const transfer::Summary s =
                 transfer::extract_archive(kBlobFd, transfer::Root::open("."), "layer", x);
             auto* u = result.mutable_unpacked();

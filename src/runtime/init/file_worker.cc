@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/cancel.h"
 #include "base/error.h"
 #include "berth.pb.h"
 #include "runtime/init/users.h"
@@ -37,10 +38,9 @@ transfer::Resolver configured_resolver() {
 }
 
 // A failure that is not a system call's: its message stands alone.
-struct OperationError : std::runtime_error {
+struct OperationError : Error {
     OperationError(v1::ErrorCode code, const std::string& message)
-        : std::runtime_error(message), code(code) {}
-    v1::ErrorCode code;
+        : Error(wire::error_kind(code), message) {}
 };
 
 // An owner spec ("" = root, name, uid, name:group, uid:gid) as uid/gid in the sandbox.
@@ -93,11 +93,13 @@ v1::init::FileResult perform(int connection, const v1::init::FileOp& op,
     v1::init::FileResult result;
     // The sandbox's root is our root: every path is resolved inside it.
     transfer::Root root = transfer::Root::open("/", configured_resolver());
+    // berthd closing the connection (or sending anything on it) cancels a copy.
+    const CancelToken cancel = CancelToken::watching(connection);
     switch (op.op_case()) {
         case v1::init::FileOp::kCopyIn: {
             const auto& req = op.copy_in();
             transfer::ExtractOptions options;
-            options.cancel_fd = connection;
+            options.cancel = &cancel;
             options.owner = owner_for(req.user());
             if (req.preserve_owners())
                 options.owners = transfer::ExtractOptions::Owners::from_archive;
@@ -111,7 +113,7 @@ v1::init::FileResult perform(int connection, const v1::init::FileOp& op,
             transfer::WriteOptions options;
             options.name = req.name();
             options.contents_only = req.contents_only();
-            options.cancel_fd = connection;
+            options.cancel = &cancel;
             if (req.side_file() && fds.size() > 1) options.side_data_out = fds[1].get();
             copy_summary(transfer::write_archive(root, req.path(), fds.at(0).get(), options),
                          result.mutable_copy());
@@ -142,11 +144,8 @@ void run_file_op(int connection, const v1::init::FileOp& op, std::vector<UniqueF
     v1::init::FileResult result;
     try {
         result = perform(connection, op, fds);
-    } catch (const SysError& e) {
-        result.mutable_failed()->set_code(wire::error_code_for_errno(e.code()));
-        result.mutable_failed()->set_message(e.what());
-    } catch (const OperationError& e) {
-        result.mutable_failed()->set_code(e.code);
+    } catch (const Error& e) {  // a SysError's kind is its errno's
+        result.mutable_failed()->set_code(wire::error_code(e.kind()));
         result.mutable_failed()->set_message(e.what());
     } catch (const std::exception& e) {
         result.mutable_failed()->set_code(kInternal);

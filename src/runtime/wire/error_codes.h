@@ -1,16 +1,20 @@
-// The one mapping from errno to berth.v1.ErrorCode, for every process that reports a
-// system error across a boundary (berth-init's file worker, berth-images). Codes cross
-// processes as the protocol enum itself (init.proto, helper.proto), never as numbers.
+// The one mapping between berth::Error's kinds (and errno) and berth.v1.ErrorCode, for every
+// process that reports an error across a boundary (berth-init's file worker, berth-images,
+// the helper, the client). Codes cross processes as the protocol enum itself (init.proto,
+// helper.proto), never as numbers.
 #pragma once
 
+#include "base/error.h"
 #include "berth.pb.h"
 
 namespace berth::wire {
 
-// ENOENT -> NOT_FOUND; EACCES, EPERM, EROFS -> PERMISSION_DENIED; ENOSPC, EDQUOT, EMFILE,
-// ENFILE, ENOMEM, EFBIG -> RESOURCE_EXHAUSTED; EEXIST, ENOTEMPTY -> ALREADY_EXISTS; EPIPE ->
-// UNAVAILABLE (the peer closed its end); ECANCELED -> CANCELED; ENOTDIR, EISDIR, EINVAL,
-// ENAMETOOLONG, ELOOP, EXDEV, EBUSY, EBADMSG -> INVALID_ARGUMENT; anything else
+// Kind and code have the same values (checked at compile time in the .cc).
+v1::ErrorCode error_code(Error::Kind kind);
+// A code no Kind has (proto3 enums keep any number) becomes Kind::internal.
+Error::Kind error_kind(v1::ErrorCode code);
+
+// The code of errno `err` (base's kind_for_errno); for an errno it does not list,
 // `otherwise`.
 v1::ErrorCode error_code_for_errno(int err, v1::ErrorCode otherwise = v1::INTERNAL);
 
