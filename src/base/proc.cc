@@ -19,6 +19,10 @@ uint64_t process_start_time(pid_t pid) {
     // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
     size_t pos = stat.rfind(')');
     if (pos == std::string::npos) return 0;
+    // A zombie (Z) or dying (X) process has ended: to every caller (is a sandbox's init
+    // still there?) it is gone. One whose parent does not reap it stays a zombie for good:
+    // an init reparented, once the helper exited, to a subreaper that never waits.
+    if (pos + 2 < stat.size() && (stat[pos + 2] == 'Z' || stat[pos + 2] == 'X')) return 0;
     int field = 2;
     for (size_t i = pos + 1; i < stat.size(); ++i) {
         if (stat[i] == ' ' && ++field == 22) return std::stoull(stat.substr(i + 1));

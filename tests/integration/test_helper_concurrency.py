@@ -86,3 +86,35 @@ def test_a_delete_that_waits_holds_no_create_exec_or_other_delete(fresh_daemon,
                           what="a's cgroup to go")
         assert not hostutil.pid_alive(a.init_pid)
         assert other.list() == []
+
+
+@pytest.mark.skipif(hostutil.CGROUP_V2 or "freezer" not in hostutil.V1_MOUNTS,
+                    reason="needs the cgroup v1 freezer to hold a delete open")
+def test_berthd_gone_with_a_delete_held_open_the_helper_exits_at_once(fresh_daemon,
+                                                                      busybox_rootfs):
+    """The helper does not wait for the deletes it began when berthd goes (the next berthd
+    could not start meanwhile): their reapers finish on their own, and the next daemon
+    deletes what is left."""
+    d = fresh_daemon
+    parent = d.cgroup_parent
+    with d.connect() as slow:
+        a = slow.create(str(busybox_rootfs), persistent=True)
+        slow.exec(a.id, ["sh", "-c", "sleep 1000 </dev/null >/dev/null 2>&1 &"]).check()
+        hostutil.wait_for(lambda: hostutil.workload_procs(parent, a.id, a.init_pid), 10,
+                          what="the sleeper to start")
+        held, pid = freeze_one_process(parent, a.id, a.init_pid)
+        try:
+            slow.request("delete", pb.DeleteSandbox(sandbox=a.id))
+            assert no_reply_within(slow, 1.0)
+            d.kill()  # asserts that berth-helper exits within 10 s
+        finally:
+            (held / "freezer.state").write_text("THAWED")
+            hostutil.wait_for(lambda: not hostutil.pid_alive(pid), 30,
+                              what="the held process to die once thawed")
+            held.rmdir()
+    hostutil.wait_for(lambda: not hostutil.pid_alive(a.init_pid), 30,
+                      what="the reaper to finish killing the sandbox")
+    d.start()
+    hostutil.wait_for(lambda: a.id not in d.ids(), 30, what="the next berthd to delete it")
+    hostutil.wait_for(lambda: not hostutil.cgroup_exists(parent, a.id), 10,
+                      what="its cgroup to go")

@@ -145,15 +145,11 @@ int main(int argc, char** argv) {
             return 1;
         }
         if (status == wire::ReadStatus::eof) {
-            // berthd is gone: leave the sandboxes running for the next daemon to reattach,
-            // and finish the deletes begun (nobody hears their replies; a sandbox whose
-            // delete failed is found by the next daemon and deleted again).
-            while (factory->deletions_in_progress()) {
-                std::vector<pollfd> pending;
-                for (int fd : factory->deletion_fds()) pending.push_back({fd, POLLIN, 0});
-                ::poll(pending.data(), pending.size(), -1);
-                factory->finish_deletions();
-            }
+            // berthd is gone: leave the sandboxes running for the next daemon to reattach.
+            // Deletes begun go on in their reapers, which finish the killing and the cgroup
+            // removal by themselves; what is left on disk (the sandbox's directories) the
+            // next daemon finds dead and deletes. Exiting at once lets the next one start.
+            factory->abandon_deletions();
             return 0;
         }
         v1::helper::Reply reply;

@@ -761,6 +761,10 @@ void SandboxFactory::begin_delete(const std::string& id, uint64_t request_id) {
     deleting_.emplace(id, std::move(deletion));
 }
 
+void SandboxFactory::abandon_deletions() {
+    for (auto& [id, d] : deleting_) d.reaper.release();
+}
+
 std::vector<int> SandboxFactory::deletion_fds() const {
     std::vector<int> fds;
     for (const auto& [id, d] : deleting_) fds.push_back(d.reaper.pidfd());

@@ -73,6 +73,8 @@ class SandboxFactory {
     // it again tries again.
     std::vector<v1::helper::Reply> finish_deletions();
     size_t deletions_in_progress() const { return deleting_.size(); }
+    // The helper is exiting: its reapers are left to finish on their own (not killed).
+    void abandon_deletions();
     // How full the sandbox's writable layer is (statfs of its root, through its init).
     v1::helper::StorageUsage storage_usage(const std::string& id);
 
