@@ -27,6 +27,14 @@ def freeze_one_process(parent: str, sid: str, init_pid: int):
     return held, pid
 
 
+def hold_a_process(conn, parent: str, sandbox):
+    """Starts a sleeper in the sandbox and freezes it below the sandbox's cgroup."""
+    conn.exec(sandbox.id, ["sh", "-c", "sleep 1000 </dev/null >/dev/null 2>&1 &"]).check()
+    hostutil.wait_for(lambda: hostutil.workload_procs(parent, sandbox.id, sandbox.init_pid), 10,
+                      what="the sleeper to start")
+    return freeze_one_process(parent, sandbox.id, sandbox.init_pid)
+
+
 def no_reply_within(conn, seconds: float) -> bool:
     try:
         conn.recv_msg(timeout=seconds)
@@ -43,10 +51,7 @@ def test_a_delete_that_waits_holds_no_create_exec_or_other_delete(fresh_daemon,
     parent = d.cgroup_parent
     with d.connect() as slow, d.connect() as other, d.connect() as joiner:
         a = slow.create(str(busybox_rootfs), persistent=True)
-        slow.exec(a.id, ["sh", "-c", "sleep 1000 </dev/null >/dev/null 2>&1 &"]).check()
-        hostutil.wait_for(lambda: hostutil.workload_procs(parent, a.id, a.init_pid), 10,
-                          what="the sleeper to start")
-        held, pid = freeze_one_process(parent, a.id, a.init_pid)
+        held, pid = hold_a_process(slow, parent, a)
         try:
             first = slow.request("delete", pb.DeleteSandbox(sandbox=a.id))
             # It is under way (init is killed and waits for the held process) and stays so.
@@ -99,10 +104,7 @@ def test_berthd_gone_with_a_delete_held_open_the_helper_exits_at_once(fresh_daem
     parent = d.cgroup_parent
     with d.connect() as slow:
         a = slow.create(str(busybox_rootfs), persistent=True)
-        slow.exec(a.id, ["sh", "-c", "sleep 1000 </dev/null >/dev/null 2>&1 &"]).check()
-        hostutil.wait_for(lambda: hostutil.workload_procs(parent, a.id, a.init_pid), 10,
-                          what="the sleeper to start")
-        held, pid = freeze_one_process(parent, a.id, a.init_pid)
+        held, pid = hold_a_process(slow, parent, a)
         try:
             slow.request("delete", pb.DeleteSandbox(sandbox=a.id))
             assert no_reply_within(slow, 1.0)
