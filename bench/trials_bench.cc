@@ -15,30 +15,16 @@
 #include <random>
 #include <thread>
 
+#include "bench/latency.h"
 #include "runtime/client/client.h"
 
 using namespace berth;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::ms_since;
+using bench::summarize;
+using bench::Summary;
 
 namespace {
-
-double ms_since(Clock::time_point t) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-struct Summary {
-    double p50, p90, max;
-    size_t n;
-};
-
-Summary summarize(std::vector<double> v) {
-    if (v.empty()) return {0, 0, 0, 0};
-    std::sort(v.begin(), v.end());
-    auto at = [&](double q) {
-        return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
-    };
-    return {at(0.5), at(0.9), v.back(), v.size()};
-}
 
 v1::ExecExit run(client::Client& c, const std::string& id, std::vector<std::string> argv) {
     v1::Exec e;
