@@ -1,5 +1,6 @@
 #include "base/child_process.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 
 #include "base/error.h"
 
@@ -48,11 +50,23 @@ ChildProcess ChildProcess::fork(std::string_view what, const std::vector<int>& k
     std::vector<int> sorted = keep;
     sorted.insert(sorted.end(), {0, 1, 2});
     std::sort(sorted.begin(), sorted.end());
+    // The child waits for a byte on `go` until the parent holds its pidfd: a parent that
+    // ignores SIGCHLD (berth-helper) has its children reaped by the kernel the moment they
+    // exit, and a child quicker than pidfd_open would be gone, its pid free for reuse.
+    int go[2];
+    check_sys("pipe2", what, [&] { return ::pipe2(go, O_CLOEXEC); });
+    UniqueFd go_read(go[0]), go_write(go[1]);
     const pid_t pid = check_sys("fork", what, [] { return ::fork(); });
     if (pid == 0) {
         int status = 1;
         try {
-            close_all_but(sorted);
+            char byte = 0;
+            ssize_t n;
+            do {
+                n = ::read(go_read.get(), &byte, 1);
+            } while (n < 0 && errno == EINTR);
+            if (n != 1) ::_exit(1);  // the parent failed (or died) before it let us go
+            close_all_but(sorted);   // go's ends are not in `keep`
             status = body();
         } catch (const std::exception& e) {
             std::fprintf(stderr, "%.*s: %s\n", static_cast<int>(what.size()), what.data(),
@@ -60,8 +74,9 @@ ChildProcess ChildProcess::fork(std::string_view what, const std::vector<int>& k
         }
         ::_exit(status);
     }
-    // Our child's pid is not another process's until the child is reaped and the pid
-    // recycled (pids are handed out in turn: pid_max forks later), so this pidfd is its.
+    go_read.reset();
+    // Our child's pid is not another process's until the child is reaped, and it cannot
+    // exit before it reads `go`: this pidfd is its.
     int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
     if (fd < 0) {
         const int err = errno;
@@ -69,7 +84,15 @@ ChildProcess ChildProcess::fork(std::string_view what, const std::vector<int>& k
         ::waitpid(pid, nullptr, 0);
         throw_sys("pidfd_open", what, err);
     }
-    return ChildProcess(pid, UniqueFd(fd));
+    UniqueFd pidfd(fd);
+    const char byte = 1;
+    if (::write(go_write.get(), &byte, 1) != 1) {
+        const int err = errno;
+        ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
+        ::waitpid(pid, nullptr, 0);
+        throw_sys("write", std::string(what) + " (starting the child)", err);
+    }
+    return ChildProcess(pid, std::move(pidfd));
 }
 
 std::optional<int> ChildProcess::wait(std::chrono::milliseconds timeout) {

@@ -30,7 +30,9 @@ class ChildProcess {
     // EOF someone waits for). glibc's fork, not a raw clone: it keeps malloc usable in the
     // child of a threaded process; a body forked from one keeps to async-signal-safe calls
     // all the same (another thread may hold a lock it needs), as this function does in the
-    // child before `body`. Throws SysError naming `what`.
+    // child before `body`. The child starts `body` only once the parent holds its pidfd (in
+    // a parent that ignores SIGCHLD the kernel reaps a quick child before pidfd_open could
+    // name it). Throws SysError naming `what`.
     static ChildProcess fork(std::string_view what, const std::vector<int>& keep,
                              const std::function<int()>& body);
 

@@ -34,6 +34,28 @@ TEST(ChildProcess, AThrowingBodyExitsWithStatusOne) {
     EXPECT_EQ(WEXITSTATUS(*status), 1);
 }
 
+// berth-helper ignores SIGCHLD, so the kernel reaps a child the moment it exits: a child
+// that exits at once must still be had by its pidfd (a delete's reaper of a sandbox with
+// nothing left to kill once failed here with "pidfd_open: No such process").
+TEST(ChildProcess, AQuickChildOfAParentIgnoringSigchldIsStillHad) {
+    struct sigaction old {};
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ASSERT_EQ(::sigaction(SIGCHLD, &ignore, &old), 0);
+    int failures = 0;
+    for (int i = 0; i < 300; ++i) {
+        try {
+            auto child = ChildProcess::fork("quick child", {}, [] { return 0; });
+            EXPECT_TRUE(child.wait(milliseconds(10'000)));
+        } catch (const SysError& e) {
+            ++failures;
+            ADD_FAILURE() << e.what();
+            if (failures > 3) break;
+        }
+    }
+    ::sigaction(SIGCHLD, &old, nullptr);
+}
+
 TEST(ChildProcess, WaitTimesOutWhileItRuns) {
     auto child = ChildProcess::fork("test child", {}, [] {
         ::pause();

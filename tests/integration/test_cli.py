@@ -54,6 +54,24 @@ def test_create_exec_ps_inspect_rm(daemon, busybox_rootfs):
     assert daemon.cli("rm", "-f", sid).returncode == 0
 
 
+def test_rm_of_many_deletes_them_side_by_side(daemon, busybox_rootfs):
+    """berth rm A B C sends its deletes at once (each one waits for its sandbox's processes
+    to die, and those waits added up one after another); every id is printed once, a
+    missing one is an error naming it (or skipped with -f), the rest are deleted anyway."""
+    ids = [daemon.cli_ok("create", "--rootfs", busybox_rootfs).strip() for _ in range(6)]
+    for sid in ids:  # something to kill in each
+        daemon.cli_ok("exec", sid, "--", "sh", "-c", "sleep 1000 & sleep 1000 &")
+    missing = "0" * 32
+    r = daemon.cli("rm", ids[0], missing, *ids[1:3])
+    assert r.returncode == 1 and missing in r.stderr, r
+    assert sorted(r.stdout.split()) == sorted(ids[:3]), r.stdout
+    r = daemon.cli("rm", "-f", *ids[3:], missing)
+    assert r.returncode == 0 and not r.stderr, r
+    assert sorted(r.stdout.split()) == sorted(ids[3:]), r.stdout
+    assert not set(ids) & set(daemon.ids())
+    assert not set(ids) & {p.name for p in hostutil.sandbox_cgroup_dirs(daemon.cgroup_parent)}
+
+
 def test_run_rm_leaves_nothing(daemon, busybox_rootfs):
     before = set(daemon.ids())
     r = daemon.cli("run", "--rm", "--rootfs", busybox_rootfs, "--", "sh", "-c",

@@ -25,6 +25,8 @@ namespace {
 
 constexpr int kExitError = 125;    // berth itself failed (as docker)
 constexpr int kExitTimeout = 124;  // as timeout(1)
+// berth rm: deletes sent at once (each becomes a reaper process in berth-helper).
+constexpr size_t kDeletesInFlight = 32;
 
 uint64_t parse_size(const std::string& text) {
     size_t pos = 0;
@@ -416,17 +418,21 @@ int main(int argc, char** argv) {
             return 0;
         }
         if (rm->parsed()) {
+            // Side by side, as docker rm does: each delete waits for its sandbox's
+            // processes to die, and deletes of sandboxes under load one after another
+            // would add those waits up. Each id is printed as its delete completes.
+            std::vector<v1::ClientMessage> deletes;
+            for (const auto& target : rm_targets) deletes.push_back(message_delete(target));
             int code = 0;
-            for (const auto& target : rm_targets) {
-                try {
-                    c.call(message_delete(target));
-                    std::cout << target << std::endl;
-                } catch (const ClientError& e) {
-                    if (rm_force && e.code == v1::NOT_FOUND) continue;
-                    std::cerr << "berth: " << e.what() << std::endl;
-                    code = 1;
-                }
-            }
+            c.call_each(std::move(deletes), kDeletesInFlight,
+                        [&](size_t i, const v1::ServerMessage*, const ClientError* e) {
+                            if (!e) {
+                                std::cout << rm_targets[i] << std::endl;
+                            } else if (!(rm_force && e->code == v1::NOT_FOUND)) {
+                                std::cerr << "berth: " << e->what() << std::endl;
+                                code = 1;
+                            }
+                        });
             return code;
         }
     } catch (const std::exception& e) {  // ClientError and the CLI's own alike

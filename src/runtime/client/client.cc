@@ -7,8 +7,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <thread>
 
 #include "base/error.h"
@@ -76,6 +78,33 @@ v1::ServerMessage Client::call(v1::ClientMessage request, const std::vector<int>
         if (reply.id() != request.id()) continue;
         if (reply.has_error()) throw ClientError(reply.error().code(), reply.error().message());
         return reply;
+    }
+}
+
+void Client::call_each(
+    std::vector<v1::ClientMessage> requests, size_t window,
+    const std::function<void(size_t, const v1::ServerMessage*, const ClientError*)>& done) {
+    window = std::max<size_t>(window, 1);
+    std::map<uint64_t, size_t> in_flight;  // request id -> index
+    size_t next = 0;
+    while (next < requests.size() || !in_flight.empty()) {
+        while (next < requests.size() && in_flight.size() < window) {
+            requests[next].set_id(next_id());
+            send(requests[next]);
+            in_flight.emplace(requests[next].id(), next);
+            ++next;
+        }
+        v1::ServerMessage reply = receive();
+        auto it = in_flight.find(reply.id());
+        if (it == in_flight.end()) continue;
+        const size_t index = it->second;
+        in_flight.erase(it);
+        if (reply.has_error()) {
+            const ClientError error(reply.error().code(), reply.error().message());
+            done(index, nullptr, &error);
+        } else {
+            done(index, &reply, nullptr);
+        }
     }
 }
 

@@ -33,6 +33,13 @@ class Client {
 
     // Sends one request (with `fds` attached) and waits for its single reply (not for Exec).
     v1::ServerMessage call(v1::ClientMessage request, const std::vector<int>& fds = {});
+    // Several single-reply requests at once, at most `window` of them in flight: `done` gets
+    // each one's index in `requests` and its reply, or the ClientError it came back with, in
+    // the order the daemon finishes them (`berth rm A B C` deletes them side by side). A
+    // broken connection throws, as call does.
+    void call_each(std::vector<v1::ClientMessage> requests, size_t window,
+                   const std::function<void(size_t index, const v1::ServerMessage* reply,
+                                            const ClientError* error)>& done);
     // The same for a request that streams ImageProgress before its reply (PullImage,
     // BootstrapImage): each goes to `progress` as it comes.
     v1::ServerMessage call_with_progress(
