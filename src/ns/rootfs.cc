@@ -113,6 +113,64 @@ void mask(const std::string& path) {
     }
 }
 
+// The provided files live on one small tmpfs of the sandbox's own (bounded, charged to the
+// sandbox's memory, nothing on the host's disks, owned by its root), each bind-mounted over
+// its path. Runs right after the pivot, before /proc and /dev exist: every path resolves
+// inside the image's own tree (a symlinked /etc included), and no process of the sandbox
+// runs yet.
+void provide_files(const std::vector<ProvidedFile>& files) {
+    UniqueFd store =
+        new_filesystem("tmpfs", {{"size", "1m"}, {"nr_inodes", "64"}, {"mode", "0755"}},
+                       MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+    for (size_t i = 0; i < files.size(); ++i) {
+        const ProvidedFile& file = files[i];
+        const std::string name = std::to_string(i);
+        {
+            UniqueFd out(check_sys("create", "provided " + file.path, [&] {
+                return ::openat(store.get(), name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                                0644);
+            }));
+            write_all(out.get(), file.content, "provided " + file.path);
+        }
+        UniqueFd bind(check_sys("open_tree", "provided " + file.path, [&] {
+            return ::open_tree(store.get(), name.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        }));
+        const std::string parent = file.path.substr(0, file.path.rfind('/'));
+        if (!parent.empty()) ensure_dir(parent);
+        // The mountpoint is a regular file of the path's own: the image's, or a new empty
+        // one in the writable layer. A symlink there (Ubuntu's resolv.conf points into
+        // /run, often at nothing) is replaced in the writable layer, so that berth's file
+        // is the path itself and never lands on whatever the link names.
+        // (An existing file is never opened for writing: that would copy it up.)
+        struct stat st;
+        bool make = false;
+        if (::lstat(file.path.c_str(), &st) == 0) {
+            if (S_ISLNK(st.st_mode)) {
+                check_sys("unlink", file.path + " (a symlink)",
+                          [&] { return ::unlink(file.path.c_str()); });
+                make = true;
+            } else if (!S_ISREG(st.st_mode)) {
+                throw Error(Error::Kind::invalid_argument,
+                            "the image's " + file.path +
+                                " is not a regular file: berth mounts its own over it");
+            }
+        } else if (errno == ENOENT) {
+            make = true;
+        } else {
+            throw_sys("lstat", file.path);
+        }
+        if (make) {
+            int fd = ::open(file.path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            if (fd < 0) throw_sys("create", file.path);
+            ::close(fd);
+        }
+        check_sys("move_mount", file.path, [&] {
+            return ::move_mount(bind.get(), "", AT_FDCWD, file.path.c_str(),
+                                MOVE_MOUNT_F_EMPTY_PATH);
+        });
+    }
+}
+
 }  // namespace
 
 UniqueFd make_userns_fd(const IdMapping& mapping) {
@@ -260,7 +318,8 @@ UniqueFd make_layered_overlay(const std::vector<std::string>& lowers, const std:
     return tree;
 }
 
-void enter_rootfs(int overlay_fd, const std::string& mountpoint) {
+void enter_rootfs(int overlay_fd, const std::string& mountpoint,
+                  const std::vector<ProvidedFile>& files) {
     // Nothing we mount may propagate back to the host.
     check_sys("mount", "/ (rslave)",
               [] { return ::mount(nullptr, "/", nullptr, MS_REC | MS_SLAVE, nullptr); });
@@ -286,6 +345,7 @@ void enter_rootfs(int overlay_fd, const std::string& mountpoint) {
     check_sys("pivot_root", "overlay root", [] { return ::syscall(SYS_pivot_root, ".", "."); });
     check_sys("umount2", "old root", [] { return ::umount2(".", MNT_DETACH); });
     check_sys("chdir", "/", [] { return ::chdir("/"); });
+    provide_files(files);
 
     ensure_dir("/proc", 0555);
     attach(proc.get(), "/proc");

@@ -40,9 +40,20 @@ UniqueFd make_layered_overlay(const std::vector<std::string>& lowers, const std:
 
 // --- Sandbox side (root of the sandbox's user namespace, in its new mount namespace) ---
 
+// A file the sandbox gets in place of the image's own, as Docker's /etc/hosts, /etc/hostname
+// and /etc/resolv.conf: bind-mounted over `path` (absolute, inside the sandbox), so the
+// image's file is untouched and the sandbox's root may still edit its copy.
+struct ProvidedFile {
+    std::string path;
+    std::string content;
+};
+
 // Attaches `overlay_fd` at `mountpoint` (a directory this mount namespace can reach as the
 // sandbox's root), builds /proc, /dev and /sys in it, pivots into it and detaches the old
-// root. Throws SysError naming the step and path.
-void enter_rootfs(int overlay_fd, const std::string& mountpoint);
+// root; then puts `files` in place. Throws SysError naming the step and path, and
+// berth::Error (InvalidArgument) when the image holds something other than a regular file
+// where a provided file goes.
+void enter_rootfs(int overlay_fd, const std::string& mountpoint,
+                  const std::vector<ProvidedFile>& files = {});
 
 }  // namespace berth::ns

@@ -29,6 +29,7 @@
 #include "base/pipe.h"
 #include "base/proc.h"
 #include "base/undo.h"
+#include "net/etc_files.h"
 #include "ns/net.h"
 #include "ns/rootfs.h"
 #include "runtime/init/init.h"
@@ -97,6 +98,7 @@ struct ChildPlan {
     std::string mountpoint;
     std::string hostname;
     const ns::SeccompProgram* seccomp;
+    std::vector<ns::ProvidedFile> files;  // /etc/hosts, /etc/hostname, /etc/resolv.conf
 };
 
 void report(int fd, const std::string& text) {
@@ -131,7 +133,7 @@ void report(int fd, const std::string& text) {
         check_sys("setresgid", "0", [] { return ::setresgid(0, 0, 0); });
         check_sys("setresuid", "0", [] { return ::setresuid(0, 0, 0); });
         check_sys("setgroups", "[]", [] { return ::setgroups(0, nullptr); });
-        ns::enter_rootfs(plan.overlay, plan.mountpoint);
+        ns::enter_rootfs(plan.overlay, plan.mountpoint, plan.files);
         ::close(plan.overlay);
         int null = check_sys("open", "/dev/null", [] { return ::open("/dev/null", O_RDWR); });
         for (int i = 0; i < 3; ++i) ::dup2(null, i);
@@ -508,7 +510,13 @@ void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostn
     auto [ready_read, ready_write] = make_pipe("ready");
 
     ChildPlan child{go_read.get(),        ready_write.get(), control.get(), overlay.get(),
-                    plan.run + "/rootfs", hostname,          &seccomp_};
+                    plan.run + "/rootfs", hostname,          &seccomp_,     {}};
+    // Loopback only for now: no address, no DNS server (a lookup fails at once).
+    const net::NameSettings names{
+        .hostname = hostname, .address = {}, .host_address = {}, .nameservers = {}};
+    child.files = {{"/etc/hosts", net::hosts_file(names)},
+                   {"/etc/hostname", net::hostname_file(names)},
+                   {"/etc/resolv.conf", net::resolv_conf(names)}};
 
     clone_args args{};
     int pidfd = -1;
