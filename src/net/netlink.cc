@@ -347,6 +347,23 @@ void Netlink::set_up(const std::string& link) {
     transact(req);
 }
 
+void Netlink::set_isolated(const std::string& link) {
+    check_ifname(link);
+    // IFLA_BRPORT_ISOLATED: an isolated port forwards to non-isolated ports only (the
+    // bridge's own address is not a port), so sandboxes on one bridge cannot reach each
+    // other at layer 2, where the forward chain of nftables never sees their packets.
+    const int index = ifindex(link);
+    Request req(RTM_SETLINK, 0, "RTM_SETLINK", link + " isolated in " + netns_);
+    auto* ifi = req.put_header<ifinfomsg>();
+    ifi->ifi_family = AF_BRIDGE;
+    ifi->ifi_index = index;
+    nlattr* port = req.nest_start(IFLA_PROTINFO | NLA_F_NESTED);
+    const std::uint8_t on = 1;
+    req.put(IFLA_BRPORT_ISOLATED, &on, sizeof on);
+    req.nest_end(port);
+    transact(req);
+}
+
 void Netlink::rename(const std::string& from, const std::string& to) {
     check_ifname(from);
     check_ifname(to);

@@ -50,6 +50,9 @@ class Netlink {
     void add_veth(const std::string& host_name, const std::string& peer_name, int peer_netns_fd);
     void set_master(const std::string& link, const std::string& bridge);
     void set_up(const std::string& link);
+    // Makes bridge port `link` isolated: it forwards to no other isolated port (sandboxes
+    // on one bridge do not reach each other), only to the bridge itself and others.
+    void set_isolated(const std::string& link);
     // Older kernels refuse to rename a link that is up (EBUSY: kind invalid_argument).
     void rename(const std::string& from, const std::string& to);
     // Deleting either end of a veth pair deletes both.

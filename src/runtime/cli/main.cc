@@ -46,7 +46,7 @@ uint64_t parse_size(const std::string& text) {
 }
 
 struct CreateOptions {
-    std::string image, rootfs, name, hostname, memory, workdir, storage;
+    std::string image, rootfs, name, hostname, memory, workdir, storage, network = "none";
     double cpus = 0;
     uint64_t pids = 0;
     bool storage_given = false;
@@ -70,6 +70,9 @@ struct CreateOptions {
             },
             "bound on what the sandbox writes to its filesystem, e.g. 512m, 10g "
             "(default: the daemon's --default-storage)");
+        cmd->add_option("--network", network,
+                        "none (loopback only, the default) or public (egress through NAT)")
+            ->capture_default_str();
         cmd->add_option("--owner", owner,
                         "root only: the host uid the sandbox belongs to (default: yours)");
         cmd->add_option("--sandbox-workdir", workdir,
@@ -92,6 +95,13 @@ struct CreateOptions {
         }
         c.set_name(name);
         c.set_hostname(hostname);
+        if (network == "none") {
+            c.set_network(v1::NETWORK_NONE);
+        } else if (network == "public") {
+            c.set_network(v1::NETWORK_PUBLIC);
+        } else {
+            throw std::invalid_argument("--network '" + network + "': give none or public");
+        }
         c.set_persistent(persistent);
         c.set_workdir(workdir);
         if (owner) c.set_owner_uid(*owner);

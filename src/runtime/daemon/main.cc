@@ -185,6 +185,19 @@ int main(int argc, char** argv) {
                    "--max-connections)");
     app.add_option("--frame-timeout", frame_timeout_seconds,
                    "seconds a client has to finish a request frame it began");
+    std::string bridge = "berth0", subnet = "10.89.0.0/16";
+    std::vector<std::string> dns;
+    app.add_option("--bridge", bridge,
+                   "the bridge (and nftables table inet NAME) of public sandboxes, made at the "
+                   "first one; 'none': offer no network but loopback")
+        ->capture_default_str();
+    app.add_option("--subnet", subnet,
+                   "the IPv4 subnet of public sandboxes (the bridge takes its first address); "
+                   "refused if it overlaps a route of the host's")
+        ->capture_default_str();
+    app.add_option("--dns", dns,
+                   "DNS servers public sandboxes use (repeatable; default: the host's "
+                   "resolv.conf servers that are not loopback stubs)");
     CLI11_PARSE(app, argc, argv);
     uint64_t default_storage_bytes = 0;
     if (default_storage != "none") {
@@ -262,12 +275,20 @@ int main(int argc, char** argv) {
         check_sys("socketpair", "helper channel",
                   [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair); });
         UniqueFd ours(pair[0]), theirs(pair[1]);
-        start_helper(helper_path, theirs.get(),
-                     {"--channel-fd", std::to_string(theirs.get()), "--runtime-dir", runtime_dir,
-                      "--state-dir", state_dir, "--service-user", user, "--daemon-uid",
-                      std::to_string(uid), "--daemon-gid", std::to_string(gid), "--cgroup-parent",
-                      cgroup_parent, "--total-memory", std::to_string(budget.total_memory),
-                      "--total-pids", std::to_string(budget.total_pids)});
+        std::vector<std::string> helper_args{"--channel-fd",    std::to_string(theirs.get()),
+                                             "--runtime-dir",   runtime_dir,
+                                             "--state-dir",     state_dir,
+                                             "--service-user",  user,
+                                             "--daemon-uid",    std::to_string(uid),
+                                             "--daemon-gid",    std::to_string(gid),
+                                             "--cgroup-parent", cgroup_parent,
+                                             "--total-memory",  std::to_string(budget.total_memory),
+                                             "--total-pids",    std::to_string(budget.total_pids)};
+        if (bridge != "none") {
+            helper_args.insert(helper_args.end(), {"--bridge", bridge, "--subnet", subnet});
+            for (const auto& server : dns) helper_args.insert(helper_args.end(), {"--dns", server});
+        }
+        start_helper(helper_path, theirs.get(), helper_args);
         theirs.reset();
         UniqueFd images_channel =
             start_images(images_path, state_dir, runtime_dir, user, registries_conf, auth_file,

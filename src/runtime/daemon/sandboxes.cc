@@ -126,6 +126,10 @@ std::vector<SandboxRegistry::Found> SandboxRegistry::scan() const {
             found.info.set_rootfs(state.value("rootfs", ""));
             found.info.set_hostname(state.value("hostname", ""));
             found.info.set_host_root_uid(state.value("host_root_uid", 0u));
+            found.info.set_network(state.value("network", std::string("none")) == "public"
+                                       ? v1::NETWORK_PUBLIC
+                                       : v1::NETWORK_NONE);
+            found.info.set_address(state.value("address", std::string()));
             found.info.set_cgroup_driver(state.value("cgroup_driver", ""));
             for (const auto& p : state.value("cgroup_paths", std::vector<std::string>{}))
                 found.info.add_cgroup_paths(p);

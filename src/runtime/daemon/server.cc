@@ -418,6 +418,7 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
         c->set_rootfs(req.rootfs());
     }
     c->set_hostname(hostname);
+    c->set_network(req.network());  // the helper refuses what it does not know
     const uint64_t memory = r.memory_bytes() ? r.memory_bytes() : config_.budget.default_memory;
     const uint64_t pids = r.pids() ? r.pids() : config_.budget.default_pids;
     c->mutable_limits()->set_memory_bytes(memory);
@@ -431,6 +432,8 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
     info.set_name(req.name());
     info.set_rootfs(req.rootfs());
     info.set_hostname(hostname);
+    info.set_network(req.network() == v1::NETWORK_MODE_UNSPECIFIED ? v1::NETWORK_NONE
+                                                                   : req.network());
     std::string workdir = req.workdir();
     if (image) {
         info.set_image(image->name);
@@ -470,6 +473,7 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
         *info.mutable_cgroup_paths() = created.cgroup_paths();
         info.set_cgroup_driver(config_.cgroup_driver);
         info.set_host_root_uid(created.host_root_uid());
+        info.set_address(created.address());
         const std::string sandbox_id = info.id();
         Sandbox& sandbox =
             registry_.add(std::move(info), created.init_socket(), created.init_start_time());

@@ -14,7 +14,9 @@
 #include <iostream>
 
 #include "base/error.h"
+#include "base/files.h"
 #include "helper.pb.h"
+#include "net/host_network.h"
 #include "ns/idmap.h"
 #include "ns/security.h"
 #include "runtime/helper/sandbox_factory.h"
@@ -40,9 +42,8 @@ const std::vector<std::string>& helper_capabilities() {
         // overlayfs works on a sandbox's writable layer with the credentials of whoever made
         // the overlay (us): what the sandbox's own capabilities allow on its files must be
         // ours too, or the kernel quietly does less (a setgid bit dropped on chmod).
-        "FSETID",
-        "MKNOD",
-        "SETFCAP",
+        "FSETID", "MKNOD", "SETFCAP",
+        "NET_ADMIN",  // public sandboxes: the bridge, veths, addresses, routes, nftables
     };
     return caps;
 }
@@ -65,7 +66,27 @@ int main(int argc, char** argv) {
     app.add_option("--total-memory", total_memory,
                    "bytes all sandboxes together may use (0: no budget)");
     app.add_option("--total-pids", total_pids, "tasks all sandboxes together may run (0: none)");
+    net::RootNetworkConfig network;
+    std::vector<std::string> dns;
+    app.add_option("--bridge", network.bridge,
+                   "the bridge (and nftables table) of public sandboxes; empty: none offered");
+    app.add_option("--subnet", network.subnet, "their IPv4 subnet")->default_val("10.89.0.0/16");
+    app.add_option("--dns", dns, "DNS servers for public sandboxes (default: the host's)");
     CLI11_PARSE(app, argc, argv);
+    if (!network.bridge.empty()) {
+        network.nameservers = dns;
+        if (dns.empty()) {
+            try {
+                network.nameservers = net::reachable_nameservers(read_file("/etc/resolv.conf"));
+            } catch (const std::exception&) {
+            }
+            if (network.nameservers.empty())
+                std::cerr << "berth-helper: /etc/resolv.conf names no DNS server a sandbox can "
+                             "reach (a loopback stub?): public sandboxes get none (berthd --dns)"
+                          << std::endl;
+        }
+        config.network = network;
+    }
     if (total_memory) config.budget.memory_bytes = total_memory;
     if (total_pids) config.budget.pids = total_pids;
 

@@ -41,7 +41,8 @@ namespace {
 constexpr v1::ErrorCode kInvalidArgument = v1::INVALID_ARGUMENT, kNotFound = v1::NOT_FOUND,
                         kPermissionDenied = v1::PERMISSION_DENIED,
                         kAlreadyExists = v1::ALREADY_EXISTS, kInternal = v1::INTERNAL,
-                        kUnavailable = v1::UNAVAILABLE;
+                        kUnavailable = v1::UNAVAILABLE,
+                        kFailedPrecondition = v1::FAILED_PRECONDITION;
 
 // The janitor's trash directories, in the order the factory gives them.
 constexpr size_t kRunTrash = 0, kStateTrash = 1;
@@ -236,6 +237,16 @@ class StepTimer {
     std::string line_;
 };
 
+// A sandbox's network as its state file records it (made by an earlier helper).
+net::Attachment attachment_from_state(const std::string& id, const nlohmann::json& j) {
+    net::Attachment a{id, net::Mode::none, {}};
+    if (j.value("network", std::string("none")) == "public") {
+        a.mode = net::Mode::public_egress;
+        a.address = j.value("address", std::string());
+    }
+    return a;
+}
+
 struct SandboxFactory::Live {
     pid_t pid = -1;
     UniqueFd pidfd;
@@ -243,6 +254,7 @@ struct SandboxFactory::Live {
     uint32_t project_id = 0;  // the project quota bounding its writable layer, if any
     std::string layer_mount;  // a tmpfs layer attached here while the overlay is made
     uid_t userns_owner = 0;   // the host uid owning its user namespace (0: root)
+    net::Attachment net;      // its network (an address on berth's bridge, for public)
 };
 
 void set_process_title_area(char* start, size_t length) {
@@ -280,6 +292,17 @@ SandboxFactory::SandboxFactory(Config config)
                      ? "project quotas on the state filesystem"
                      : "a tmpfs layer per sandbox (the state filesystem has no project quota)");
     sweep_cgroups();
+    if (config_.network) {
+        try {
+            network_ = net::make_root_network(*config_.network);
+        } catch (const Error& e) {
+            // A bad --bridge or --subnet is the admin's to fix: refuse to start. A host
+            // without nftables or netlink still runs sandboxes without a network.
+            if (e.kind() == Error::Kind::invalid_argument) throw;
+            std::fprintf(stderr, "berth-helper: no public network on this host: %s\n", e.what());
+        }
+        if (network_) adopt_networks();
+    }
     // The owners of the sandboxes an earlier helper made stay theirs.
     if (DIR* d = ::opendir(sandboxes.c_str())) {
         while (dirent* e = ::readdir(d)) {
@@ -395,6 +418,7 @@ struct SandboxFactory::CreatePlan {
     UniqueFd rootfs_dir;                  // opened and checked (open_rootfs)
     uint64_t storage_bytes = 0;
     cgroup::Limits limits;
+    net::Mode network = net::Mode::none;
 };
 
 // Where a sandbox's writes go: the overlay's upper and work directories.
@@ -409,6 +433,21 @@ SandboxFactory::CreatePlan SandboxFactory::plan_create(const v1::helper::Create&
         throw HelperError(kInvalidArgument, "invalid sandbox id '" + plan.id + "'");
     if (!valid_hostname(req.hostname()))
         throw HelperError(kInvalidArgument, "invalid hostname '" + req.hostname() + "'");
+    switch (req.network()) {
+        case v1::NETWORK_MODE_UNSPECIFIED:
+        case v1::NETWORK_NONE:
+            plan.network = net::Mode::none;
+            break;
+        case v1::NETWORK_PUBLIC:
+            if (!network_)
+                throw HelperError(kFailedPrecondition,
+                                  "this berthd offers no public network (see berthd --bridge)");
+            plan.network = net::Mode::public_egress;
+            break;
+        default:
+            throw HelperError(kInvalidArgument,
+                              "unknown network mode " + std::to_string(req.network()));
+    }
     plan.rootfs = req.rootfs();
     if (!plan.rootfs.empty() && req.layers_size() > 0)
         throw HelperError(kInvalidArgument,
@@ -511,9 +550,10 @@ void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostn
 
     ChildPlan child{go_read.get(),        ready_write.get(), control.get(), overlay.get(),
                     plan.run + "/rootfs", hostname,          &seccomp_,     {}};
-    // Loopback only for now: no address, no DNS server (a lookup fails at once).
-    const net::NameSettings names{
-        .hostname = hostname, .address = {}, .host_address = {}, .nameservers = {}};
+    const net::NameSettings names =
+        network_ ? network_->names(live.net, hostname)
+                 : net::NameSettings{
+                       .hostname = hostname, .address = {}, .host_address = {}, .nameservers = {}};
     child.files = {{"/etc/hosts", net::hosts_file(names)},
                    {"/etc/hostname", net::hostname_file(names)},
                    {"/etc/resolv.conf", net::resolv_conf(names)}};
@@ -574,6 +614,14 @@ void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostn
         check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "g", 1); });
         if (live.cgroup->clone_into_fd() < 0) live.cgroup->attach(pid);
         timer.mark("attach");
+        if (live.net.mode != net::Mode::none) {
+            // Its network namespace exists (we hold its init) and nothing of it runs yet.
+            const std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
+            UniqueFd netns(check_sys("open", path,
+                                     [&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
+            network_->attach(live.net, netns.get());
+            timer.mark("network");
+        }
         check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "a", 1); });
     } catch (const std::exception&) {
         // The child may have given up first (it sets up its hostname and network without
@@ -625,6 +673,10 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     timer.mark("socket");
     UniqueFd overlay = make_root_mount(plan, layer, *live);
     timer.mark("overlay");
+    if (network_) {
+        live->net = network_->reserve(id, plan.network);
+        undo.push([this, &live] { network_->release(live->net); });
+    }
     start_init(plan, req.hostname(), std::move(control), std::move(overlay), *live, undo, timer);
 
     const uid_t root_uid = config_.mapping.uids.host_start;
@@ -634,6 +686,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     created.set_init_socket(socket_path);
     for (const auto& p : live->cgroup->paths()) created.add_cgroup_paths(p);
     created.set_host_root_uid(root_uid);
+    created.set_address(live->net.address);
 
     nlohmann::json state_json = {
         {"id", id},
@@ -649,6 +702,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         {"storage_bytes", plan.storage_bytes},
         {"project_id", live->project_id},
         {"userns_owner", live->userns_owner},
+        {"network", net::mode_name(live->net.mode)},
+        {"address", live->net.address},
     };
     // Written after the reply is sent (run_deferred): it is only read by a daemon that
     // restarts, and a file write is a good part of a create's time.
@@ -658,6 +713,37 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     undo.commit();
     live_[id] = std::move(live);
     return created;
+}
+
+void SandboxFactory::adopt_networks() {
+    if (!network_) return;
+    std::set<std::string> live_ids;
+    const std::string dir = config_.runtime_dir + "/sandboxes";
+    if (DIR* d = ::opendir(dir.c_str())) {
+        std::vector<std::string> ids;
+        while (dirent* e = ::readdir(d))
+            if (valid_sandbox_id(e->d_name)) ids.emplace_back(e->d_name);
+        ::closedir(d);
+        for (const std::string& id : ids) {
+            try {
+                auto j = nlohmann::json::parse(read_file(dir + "/" + id + "/state.json"));
+                const pid_t pid = j.at("init_pid").get<pid_t>();
+                const uint64_t start = j.at("init_start_time").get<uint64_t>();
+                if (start == 0 || process_start_time(pid) != start) continue;  // not running
+                live_ids.insert(id);
+                network_->adopt(attachment_from_state(id, j));
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "berth-helper: the network of sandbox %s: %s\n", id.c_str(),
+                             e.what());
+            }
+        }
+    }
+    if (int n = network_->sweep(live_ids); n > 0)
+        std::fprintf(stderr, "berth-helper: removed %d links of sandboxes that are gone\n", n);
+}
+
+std::string SandboxFactory::describe_network() {
+    return network_ ? network_->describe() : "none: only loopback is offered (berthd --bridge)";
 }
 
 void SandboxFactory::run_deferred() {
@@ -715,6 +801,7 @@ void SandboxFactory::begin_delete(const std::string& id, uint64_t request_id) {
             uint64_t start = j.at("init_start_time").get<uint64_t>();
             live->project_id = j.value("project_id", 0u);
             live->userns_owner = j.value("userns_owner", 0u);
+            live->net = attachment_from_state(id, j);
             int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
             if (fd >= 0) {
                 UniqueFd pidfd(fd);
@@ -813,6 +900,9 @@ std::vector<v1::helper::Reply> SandboxFactory::finish_delete(const std::string& 
     Live& live = *deletion.live;
     if (code == v1::ERROR_CODE_UNSPECIFIED) {
         error.clear();
+        // Its init is gone, and its network namespace with it (the veth too, at most a
+        // moment later: release deletes a host end that is still there).
+        if (network_) network_->release(live.net);
         if (live.project_id) {
             // Its limit goes now; what it holds is counted under its id until the janitor
             // has removed it, so the id is not handed out again before

@@ -17,6 +17,7 @@
 #include "berth.pb.h"
 #include "cgroup/cgroup.h"
 #include "helper.pb.h"
+#include "net/host_network.h"
 #include "ns/idmap.h"
 #include "ns/security.h"
 #include "runtime/helper/janitor.h"
@@ -38,6 +39,8 @@ struct Config {
     ns::IdRange owners;
     std::string cgroup_parent = "berth";
     cgroup::Limits budget;  // on the parent cgroup: what all sandboxes together may use
+    // The bridge, subnet and DNS of public sandboxes; unset: only NONE is offered.
+    std::optional<net::RootNetworkConfig> network;
 };
 
 // A request the helper refuses or cannot do, and the code berthd passes to the client.
@@ -77,6 +80,9 @@ class SandboxFactory {
     void abandon_deletions();
     // How full the sandbox's writable layer is (statfs of its root, through its init).
     v1::helper::StorageUsage storage_usage(const std::string& id);
+
+    // For doctor.
+    std::string describe_network();
 
     // Work that may wait until the reply has been sent (the state file of a new sandbox).
     void run_deferred();
@@ -120,6 +126,10 @@ class SandboxFactory {
     std::set<uid_t> owners_in_use_;
     std::optional<uid_t> take_owner();
     std::function<void()> deferred_;
+    std::unique_ptr<net::HostNetwork> network_;  // null: no network but loopback offered
+    // At start: the addresses of running sandboxes of earlier helpers are taken again and
+    // links of sandboxes that no longer exist are removed.
+    void adopt_networks();
     bool oom_adjust_refused_ = false;  // this host's root may not lower oom_score_adj
 };
 

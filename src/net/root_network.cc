@@ -1,0 +1,290 @@
+// The root implementation of HostNetwork: one bridge of berth's with the subnet's first
+// address, a veth per public sandbox (its host end a port of the bridge, isolated from the
+// other sandboxes' ports), and berth's nftables table: masquerade out, forward only for
+// sandboxes in the `public4` set, reject the rest at once.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "net/host_network.h"
+#include "net/netlink.h"
+#include "net/nft_table.h"
+
+namespace berth::net {
+
+const char* mode_name(Mode mode) {
+    switch (mode) {
+        case Mode::none:
+            return "none";
+        case Mode::public_egress:
+            return "public";
+    }
+    return "?";
+}
+
+namespace {
+
+struct Subnet {
+    uint32_t network = 0;  // host order
+    int prefix = 0;
+    uint32_t mask() const { return prefix == 0 ? 0 : ~uint32_t{0} << (32 - prefix); }
+    uint32_t gateway() const { return network + 1; }
+    uint32_t broadcast() const { return network | ~mask(); }
+};
+
+std::string ip_text(uint32_t host_order) {
+    in_addr a{htonl(host_order)};
+    char buf[INET_ADDRSTRLEN];
+    ::inet_ntop(AF_INET, &a, buf, sizeof buf);
+    return buf;
+}
+
+uint32_t parse_ip(const std::string& text, const std::string& what) {
+    in_addr a{};
+    if (::inet_pton(AF_INET, text.c_str(), &a) != 1)
+        throw Error(Error::Kind::invalid_argument,
+                    what + ": '" + text + "' is not an IPv4 address");
+    return ntohl(a.s_addr);
+}
+
+Subnet parse_subnet(const std::string& cidr) {
+    const auto slash = cidr.find('/');
+    if (slash == std::string::npos)
+        throw Error(Error::Kind::invalid_argument,
+                    "--subnet '" + cidr + "': give an IPv4 network as ADDRESS/PREFIX");
+    Subnet s;
+    s.network = parse_ip(cidr.substr(0, slash), "--subnet");
+    const std::string len = cidr.substr(slash + 1);
+    if (len.empty() || len.size() > 2 || len.find_first_not_of("0123456789") != std::string::npos)
+        throw Error(Error::Kind::invalid_argument, "--subnet '" + cidr + "': bad prefix length");
+    s.prefix = std::stoi(len);
+    // At most /8 (16M sandboxes is plenty), at least /28 (13 sandboxes).
+    if (s.prefix < 8 || s.prefix > 28)
+        throw Error(Error::Kind::invalid_argument,
+                    "--subnet '" + cidr + "': the prefix length must be 8 to 28");
+    if ((s.network & ~s.mask()) != 0)
+        throw Error(Error::Kind::invalid_argument,
+                    "--subnet '" + cidr + "': host bits are set (did you mean " +
+                        ip_text(s.network & s.mask()) + "/" + len + "?)");
+    return s;
+}
+
+// Refuses a subnet that overlaps a route of the host's (other than the default route and
+// the bridge's own): sandboxes' traffic to those addresses would go to the bridge.
+void check_no_clash(const Subnet& subnet, const std::string& bridge) {
+    std::istringstream routes(read_file("/proc/net/route"));
+    std::string line;
+    std::getline(routes, line);  // the header
+    while (std::getline(routes, line)) {
+        std::istringstream f(line);
+        std::string iface, dest_hex, gw_hex, flags, refcnt, use, metric, mask_hex;
+        if (!(f >> iface >> dest_hex >> gw_hex >> flags >> refcnt >> use >> metric >> mask_hex))
+            continue;
+        if (iface == bridge) continue;
+        const uint32_t dest = ntohl(static_cast<uint32_t>(std::stoul(dest_hex, nullptr, 16)));
+        const uint32_t mask = ntohl(static_cast<uint32_t>(std::stoul(mask_hex, nullptr, 16)));
+        if (mask == 0) continue;  // the default route overlaps everything by design
+        const uint32_t common = mask & subnet.mask();
+        if ((dest & common) == (subnet.network & common)) {
+            int len = 0;
+            for (uint32_t m = mask; m; m <<= 1) ++len;
+            throw Error(Error::Kind::invalid_argument,
+                        "--subnet " + ip_text(subnet.network) + "/" +
+                            std::to_string(subnet.prefix) + " overlaps the host's route to " +
+                            ip_text(dest) + "/" + std::to_string(len) + " on " + iface +
+                            ": choose another");
+        }
+    }
+}
+
+// The host end of a sandbox's veth: "bh" and the first 12 hex digits of its id (15 bytes
+// at most). The sandbox end is eth0, inside its namespace.
+std::string host_link(const std::string& sandbox_id) {
+    return "bh" + sandbox_id.substr(0, 12);
+}
+
+class RootNetwork final : public HostNetwork {
+  public:
+    explicit RootNetwork(const RootNetworkConfig& config)
+        : config_(config), subnet_(parse_subnet(config.subnet)) {
+        check_ifname(config.bridge);
+        check_no_clash(subnet_, config.bridge);
+        for (const auto& server : config.nameservers) parse_ip(server, "--dns");
+        table_ = std::make_unique<NftTable>(TableConfig{.table = config.bridge,
+                                                        .bridge = config.bridge,
+                                                        .subnet_cidr = config.subnet,
+                                                        .gateway = ip_text(subnet_.gateway()),
+                                                        .host_address = {}});
+    }
+
+    Attachment reserve(const std::string& sandbox_id, Mode mode) override {
+        Attachment a{sandbox_id, mode, {}};
+        if (mode == Mode::none) return a;
+        for (uint32_t ip = subnet_.gateway() + 1; ip < subnet_.broadcast(); ++ip) {
+            if (used_.insert(ip).second) {
+                a.address = ip_text(ip);
+                return a;
+            }
+        }
+        throw Error(Error::Kind::resource_exhausted,
+                    "every address of --subnet " + config_.subnet + " is in use");
+    }
+
+    void attach(const Attachment& a, int netns_fd) override {
+        if (a.mode == Mode::none) return;
+        ensure_ready();
+        const std::string host = host_link(a.sandbox_id);
+        host_nl_.add_veth(host, "eth0", netns_fd);
+        host_nl_.set_master(host, config_.bridge);
+        host_nl_.set_isolated(host);
+        host_nl_.set_up(host);
+        Netlink inside = Netlink::in_netns(netns_fd);
+        inside.add_address("eth0", a.address, subnet_.prefix);
+        inside.set_up("eth0");
+        inside.add_default_route(ip_text(subnet_.gateway()));
+        table_->set_public(a.address, true);
+    }
+
+    void release(const Attachment& a) noexcept override {
+        if (a.mode == Mode::none || a.address.empty()) return;
+        try {
+            if (ready_) table_->forget(a.address);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "berth-helper: forgetting %s in nftables: %s\n", a.address.c_str(),
+                         e.what());
+        }
+        try {
+            host_nl_.delete_link(host_link(a.sandbox_id));
+        } catch (const Error& e) {
+            if (e.kind() != Error::Kind::not_found)
+                std::fprintf(stderr, "berth-helper: %s\n", e.what());
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "berth-helper: %s\n", e.what());
+        }
+        try {
+            used_.erase(parse_ip(a.address, "address"));
+        } catch (const std::exception&) {
+        }
+    }
+
+    void adopt(const Attachment& a) override {
+        if (a.mode == Mode::none || a.address.empty()) return;
+        const uint32_t ip = parse_ip(a.address, "the address of sandbox " + a.sandbox_id);
+        if ((ip & subnet_.mask()) != subnet_.network) return;  // an old --subnet: no rules
+        ensure_ready();
+        used_.insert(ip);
+        table_->set_public(a.address, true);
+    }
+
+    int sweep(const std::set<std::string>& live) override {
+        int removed = 0;
+        if (!bridge_exists()) return 0;
+        std::set<std::string> kept;
+        for (const auto& id : live) kept.insert(host_link(id));
+        for (const std::string& link : host_nl_.links_with_prefix("bh")) {
+            if (kept.count(link) || !on_our_bridge(link)) continue;
+            try {
+                host_nl_.delete_link(link);
+                ++removed;
+            } catch (const Error& e) {
+                if (e.kind() != Error::Kind::not_found) throw;
+            }
+        }
+        return removed;
+    }
+
+    NameSettings names(const Attachment& a, const std::string& hostname) const override {
+        NameSettings s{
+            .hostname = hostname, .address = a.address, .host_address = {}, .nameservers = {}};
+        if (a.mode == Mode::public_egress) s.nameservers = config_.nameservers;
+        return s;
+    }
+
+    std::string describe() override {
+        std::string out = "bridge " + config_.bridge + " (" +
+                          (bridge_exists() ? "up" : "made at the first public sandbox") +
+                          "), subnet " + config_.subnet + ", gateway " +
+                          ip_text(subnet_.gateway()) + ", nftables table inet " + config_.bridge +
+                          (table_->exists() ? "" : " (not made yet)") + ", " +
+                          std::to_string(used_.size()) + " addresses in use";
+        return out;
+    }
+
+  private:
+    bool bridge_exists() {
+        try {
+            host_nl_.ifindex(config_.bridge);
+            return true;
+        } catch (const Error& e) {
+            if (e.kind() == Error::Kind::not_found) return false;
+            throw;
+        }
+    }
+
+    // The link's master is our bridge: /sys/class/net/LINK/master names it.
+    bool on_our_bridge(const std::string& link) {
+        char target[256];
+        const std::string path = "/sys/class/net/" + link + "/master";
+        ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+        if (n <= 0) return false;
+        std::string t(target, static_cast<size_t>(n));
+        return t.substr(t.rfind('/') + 1) == config_.bridge;
+    }
+
+    // The bridge with the gateway address, forwarding on, and the table: once, at the first
+    // sandbox that needs them (a host that never runs a public sandbox gets none of it).
+    void ensure_ready() {
+        if (ready_) return;
+        try {
+            host_nl_.add_bridge(config_.bridge);
+        } catch (const Error& e) {
+            if (e.kind() != Error::Kind::already_exists) throw;
+        }
+        try {
+            host_nl_.add_address(config_.bridge, ip_text(subnet_.gateway()), subnet_.prefix);
+        } catch (const Error& e) {
+            if (e.kind() != Error::Kind::already_exists) throw;
+        }
+        host_nl_.set_up(config_.bridge);
+        // Routing between the bridge and the host's uplinks (Docker sets it too).
+        write_file("/proc/sys/net/ipv4/ip_forward", "1");
+        table_->create();
+        ready_ = true;
+    }
+
+    RootNetworkConfig config_;
+    Subnet subnet_;
+    Netlink host_nl_;
+    std::unique_ptr<NftTable> table_;
+    std::set<uint32_t> used_;
+    bool ready_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<HostNetwork> make_root_network(const RootNetworkConfig& config) {
+    return std::make_unique<RootNetwork>(config);
+}
+
+std::vector<std::string> reachable_nameservers(const std::string& text) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+        std::istringstream f(line);
+        std::string key, value;
+        if (!(f >> key >> value) || key != "nameserver") continue;
+        in_addr a{};
+        if (::inet_pton(AF_INET, value.c_str(), &a) != 1) continue;  // IPv6: not routed yet
+        if ((ntohl(a.s_addr) >> 24) == 127) continue;                // a loopback stub
+        out.push_back(value);
+    }
+    return out;
+}
+
+}  // namespace berth::net
