@@ -42,7 +42,7 @@ class HostNetwork {
     virtual int sweep(const std::set<std::string>& live) = 0;
     // What its /etc/hosts and /etc/resolv.conf say.
     virtual NameSettings names(const Attachment& a, const std::string& hostname) const = 0;
-    // For doctor: the bridge, subnet, table and their state.
+    // For doctor: the bridge, subnet, table and DNS.
     virtual std::string describe() = 0;
 };
 

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/undo.h"
 #include "base/unique_fd.h"
 
 namespace berth::net {
@@ -87,43 +88,32 @@ IpAddress parse_ip(const std::string& text) {
     throw SysError::relayed(what, err);
 }
 
+// The NUL-terminated string attribute `type` among those after `offset` bytes of payload.
+std::optional<std::string> string_attr(const nlmsghdr* h, size_t offset, std::uint16_t type) {
+    struct Search {
+        std::uint16_t type;
+        std::optional<std::string> found;
+    } search{type, std::nullopt};
+    mnl_attr_parse(
+        h, static_cast<unsigned>(offset),
+        [](const nlattr* attr, void* data) {
+            auto* s = static_cast<Search*>(data);
+            if (mnl_attr_get_type(attr) == s->type &&
+                mnl_attr_validate(attr, MNL_TYPE_NUL_STRING) == 0) {
+                s->found = mnl_attr_get_str(attr);
+            }
+            return MNL_CB_OK;
+        },
+        &search);
+    return search.found;
+}
+
 // The text of an NLMSG_ERROR's or NLMSG_DONE's NLMSGERR_ATTR_MSG, if it carries one.
 std::string extended_ack_message(const nlmsghdr* h, size_t payload_offset) {
     if (!(h->nlmsg_flags & NLM_F_ACK_TLVS)) return {};
     if (h->nlmsg_len < mnl_nlmsg_size(payload_offset)) return {};
-    std::string message;
-    mnl_attr_parse(
-        h, static_cast<unsigned>(payload_offset),
-        [](const nlattr* attr, void* data) {
-            if (mnl_attr_get_type(attr) == NLMSGERR_ATTR_MSG &&
-                mnl_attr_validate(attr, MNL_TYPE_NUL_STRING) == 0) {
-                *static_cast<std::string*>(data) = mnl_attr_get_str(attr);
-            }
-            return MNL_CB_OK;
-        },
-        &message);
-    return message;
+    return string_attr(h, payload_offset, NLMSGERR_ATTR_MSG).value_or("");
 }
-
-// Returns the calling thread to its own network namespace when it goes, however the scope
-// is left.
-class NetnsReturn {
-  public:
-    explicit NetnsReturn(UniqueFd home) : home_(std::move(home)) {}
-    NetnsReturn(const NetnsReturn&) = delete;
-    NetnsReturn& operator=(const NetnsReturn&) = delete;
-    ~NetnsReturn() {
-        // Cannot fail for a namespace we were in a moment ago and hold open; if it did, the
-        // helper would go on creating host links inside a sandbox: better to stop here.
-        if (::setns(home_.get(), CLONE_NEWNET) != 0) {
-            std::perror("berth: setns back to the original network namespace");
-            std::abort();
-        }
-    }
-
-  private:
-    UniqueFd home_;
-};
 
 }  // namespace
 
@@ -214,7 +204,15 @@ Netlink Netlink::in_netns(int netns_fd) {
         return ::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
     }));
     check_sys("setns", there, [&] { return ::setns(netns_fd, CLONE_NEWNET); });
-    NetnsReturn back(std::move(home));
+    // Back to our own namespace however this scope is left. Cannot fail for a namespace we
+    // were in a moment ago and hold open; if it did, the helper would go on creating host
+    // links inside a sandbox: better to stop here.
+    ScopeGuard back([&home] {
+        if (::setns(home.get(), CLONE_NEWNET) != 0) {
+            std::perror("berth: setns back to the original network namespace");
+            std::abort();
+        }
+    });
     return Netlink();
 }
 
@@ -391,18 +389,7 @@ namespace {
 std::optional<std::string> link_name(const nlmsghdr* h) {
     if (h->nlmsg_type != RTM_NEWLINK || mnl_nlmsg_get_payload_len(h) < sizeof(ifinfomsg))
         return std::nullopt;
-    std::optional<std::string> name;
-    mnl_attr_parse(
-        h, sizeof(ifinfomsg),
-        [](const nlattr* attr, void* data) {
-            if (mnl_attr_get_type(attr) == IFLA_IFNAME &&
-                mnl_attr_validate(attr, MNL_TYPE_NUL_STRING) == 0) {
-                *static_cast<std::optional<std::string>*>(data) = mnl_attr_get_str(attr);
-            }
-            return MNL_CB_OK;
-        },
-        &name);
-    return name;
+    return string_attr(h, sizeof(ifinfomsg), IFLA_IFNAME);
 }
 
 }  // namespace

@@ -206,13 +206,12 @@ class RootNetwork final : public HostNetwork {
     }
 
     std::string describe() override {
-        std::string out = "bridge " + config_.bridge + " (" +
-                          (bridge_exists() ? "up" : "made at the first public sandbox") +
-                          "), subnet " + config_.subnet + ", gateway " +
-                          ip_text(subnet_.gateway()) + ", nftables table inet " + config_.bridge +
-                          (table_->exists() ? "" : " (not made yet)") + ", " +
-                          std::to_string(used_.size()) + " addresses in use";
-        return out;
+        std::string dns;
+        for (const auto& server : config_.nameservers) dns += (dns.empty() ? "" : " ") + server;
+        // Facts of the configuration only: this is read once, at the helper's start.
+        return "public: bridge " + config_.bridge + " (made at the first public sandbox), subnet " +
+               config_.subnet + ", gateway " + ip_text(subnet_.gateway()) +
+               ", nftables table inet " + config_.bridge + ", DNS " + (dns.empty() ? "none" : dns);
     }
 
   private:

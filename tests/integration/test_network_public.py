@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import berth_proto
 from conftest import Daemon
 
 SERVER = "198.18.7.2"
@@ -101,11 +102,19 @@ def test_public_reaches_the_test_host_and_none_does_not(net_daemon, busybox_root
     r, took = fetch(d, none)
     assert r.returncode != 0 and took < 3, (r, took)
 
-    # No CAP_NET_ADMIN effect outside: the sandbox may not change its address or route to
-    # get around the rules (its root has the capability only over its own namespace, and
-    # whatever it sets there, the host side decides what passes).
-    r = d.cli("exec", pub, "--", "ip", "addr", "add", "10.231.250.250/24", "dev", "eth0")
+    # No CAP_NET_ADMIN: the sandbox may not change its addresses, routes or links (Docker's
+    # default capabilities), so it cannot take another address to get around the rules.
+    n = os.getpid() % 250
+    for cmd in (["ip", "addr", "add", f"10.231.{n}.250/24", "dev", "eth0"],
+                ["ip", "route", "replace", "default", "via", f"10.231.{n}.1"],
+                ["ip", "link", "set", "eth0", "down"]):
+        r = d.cli("exec", pub, "--", *cmd)
+        assert r.returncode != 0 and "not permitted" in r.stderr, (cmd, r)
     assert "hello from" in fetch(d, pub)[0].stdout  # still through its own address
+
+    # doctor names what public sandboxes get.
+    doctor = d.cli("doctor").stdout
+    assert f"bridge {d.bridge} " in doctor and f"10.231.{n}.0/24" in doctor, doctor
 
     host_link = "bh" + pub[:12]
     assert sh("ip", "link", "show", host_link, check=False).returncode == 0
@@ -149,6 +158,13 @@ def test_bad_network_input_is_refused(net_daemon, busybox_rootfs, base_dir):
     d = net_daemon
     r = d.cli("create", "--rootfs", busybox_rootfs, "--network", "everywhere")
     assert r.returncode != 0 and "--network" in r.stderr, r
+    # A mode number no berth knows, sent as is: refused before anything is made.
+    before = set(d.ids())
+    with d.connect() as c:
+        with pytest.raises(berth_proto.BerthError) as e:
+            c.call("create", berth_proto.pb.CreateSandbox(rootfs=str(busybox_rootfs), network=77))
+        assert e.value.code_name == "INVALID_ARGUMENT" and "network mode" in str(e.value), e.value
+    assert set(d.ids()) == before
     # A subnet that overlaps a host route: berthd does not start, and says why.
     route = sh("ip", "-4", "route", "show", "scope", "link").stdout.split()
     if route:

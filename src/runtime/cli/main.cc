@@ -243,6 +243,7 @@ int doctor(const std::string& socket) {
         Client c(socket);
         std::cout << "daemon:          berthd " << c.hello().server_version() << " at " << socket
                   << " (cgroup " << c.hello().cgroup_driver() << ")\n";
+        std::cout << "network:         " << c.hello().network() << "\n";
     } catch (const ClientError& e) {
         std::cout << "daemon:          " << e.what() << "\n";
         return 1;

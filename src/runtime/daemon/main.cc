@@ -324,6 +324,7 @@ int main(int argc, char** argv) {
         config.allowed_gid = gid;
         config.allowed_group_name = group;
         config.cgroup_driver = driver_name;
+        config.network = hello.ready().network();
         config.default_storage_bytes = default_storage_bytes;
         config.budget = budget;
         config.max_connections = max_connections;

@@ -334,6 +334,7 @@ void Server::handle_hello(const std::shared_ptr<Session>& session, uint64_t id,
     h->set_server_version(BERTH_VERSION);
     h->set_max_frame_bytes(config_.max_frame);
     h->set_cgroup_driver(config_.cgroup_driver);
+    h->set_network(config_.network);
     session->send(reply);
 }
 

@@ -32,6 +32,7 @@ struct ServerConfig {
     gid_t allowed_gid = 0;  // members of this group may connect (and root, and us)
     std::string allowed_group_name = "berth";
     std::string cgroup_driver;           // "v1" | "v2", as the helper reported
+    std::string network;                 // the helper's account of the public network
     uint64_t default_storage_bytes = 0;  // for creates that give none; 0 = no limit
     // What all sandboxes may use together (set on the parent cgroup by the helper) and the
     // memory and pids limits of a create that gives none.

@@ -131,6 +131,7 @@ int main(int argc, char** argv) {
         v1::helper::Reply hello;
         hello.mutable_ready()->set_cgroup_driver(
             factory->cgroup_version() == cgroup::Version::v2 ? "v2" : "v1");
+        hello.mutable_ready()->set_network(factory->describe_network());
         wire::write_frame(channel, hello);
     }
 
