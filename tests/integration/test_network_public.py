@@ -173,3 +173,25 @@ def test_bad_network_input_is_refused(net_daemon, busybox_rootfs, base_dir):
             bad.start(timeout=10)
         assert "overlaps" in str(info.value), str(info.value)[-800:]
     assert d.cli_ok("version")
+
+
+def test_a_default_subnet_the_host_routes_leaves_only_loopback(base_dir, busybox_rootfs):
+    """The defaults (bridge berth0, 10.89.0.0/16) clash with a host route (a VPN's, here a
+    dummy link's): berthd still starts, sandboxes get `none`, and `public` says why."""
+    dummy = f"btdum{os.getpid() % 10000}"  # (a veth: this kernel may lack the dummy driver)
+    sh("ip", "link", "add", dummy, "type", "veth", "peer", "name", dummy + "p")
+    try:
+        sh("ip", "link", "set", dummy, "up")
+        sh("ip", "route", "add", "10.89.0.0/16", "dev", dummy)
+        d = Daemon(base_dir).start()
+        try:
+            assert "no public network" in d.log() and "overlaps" in d.log(), d.log()
+            sid = d.create(busybox_rootfs)
+            r = d.cli("create", "--rootfs", busybox_rootfs, "--network", "public")
+            assert r.returncode != 0 and "no public network" in r.stderr, r
+            d.cli_ok("rm", sid)
+        finally:
+            problems = d.cleanup()
+        assert not problems, problems
+    finally:
+        sh("ip", "link", "del", dummy, check=False)

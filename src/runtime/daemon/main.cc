@@ -187,14 +187,18 @@ int main(int argc, char** argv) {
                    "seconds a client has to finish a request frame it began");
     std::string bridge = "berth0", subnet = "10.89.0.0/16";
     std::vector<std::string> dns;
-    app.add_option("--bridge", bridge,
-                   "the bridge (and nftables table inet NAME) of public sandboxes, made at the "
-                   "first one; 'none': offer no network but loopback")
-        ->capture_default_str();
-    app.add_option("--subnet", subnet,
-                   "the IPv4 subnet of public sandboxes (the bridge takes its first address); "
-                   "refused if it overlaps a route of the host's")
-        ->capture_default_str();
+    auto* bridge_option =
+        app.add_option("--bridge", bridge,
+                       "the bridge (and nftables table inet NAME) of public sandboxes, made at the "
+                       "first one; 'none': offer no network but loopback")
+            ->capture_default_str();
+    auto* subnet_option =
+        app.add_option("--subnet", subnet,
+                       "the IPv4 subnet of public sandboxes (the bridge takes its first address). "
+                       "A given --bridge or --subnet that cannot be used (a subnet overlapping a "
+                       "host route) stops berthd; the defaults then only go without a public "
+                       "network")
+            ->capture_default_str();
     app.add_option("--dns", dns,
                    "DNS servers public sandboxes use (repeatable; default: the host's "
                    "resolv.conf servers that are not loopback stubs)");
@@ -286,6 +290,9 @@ int main(int argc, char** argv) {
                                              "--total-pids",    std::to_string(budget.total_pids)};
         if (bridge != "none") {
             helper_args.insert(helper_args.end(), {"--bridge", bridge, "--subnet", subnet});
+            // Chosen by the admin (not the defaults): unusable, they stop berthd.
+            if (subnet_option->count() > 0 || bridge_option->count() > 0)
+                helper_args.push_back("--network-required");
             for (const auto& server : dns) helper_args.insert(helper_args.end(), {"--dns", server});
         }
         start_helper(helper_path, theirs.get(), helper_args);

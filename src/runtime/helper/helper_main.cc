@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
                    "the bridge (and nftables table) of public sandboxes; empty: none offered");
     app.add_option("--subnet", network.subnet, "their IPv4 subnet")->default_val("10.89.0.0/16");
     app.add_option("--dns", dns, "DNS servers for public sandboxes (default: the host's)");
+    app.add_flag("--network-required", config.network_required,
+                 "an unusable --bridge or --subnet stops the helper (the admin chose them) "
+                 "rather than leaving public sandboxes unoffered");
     CLI11_PARSE(app, argc, argv);
     if (!network.bridge.empty()) {
         network.nameservers = dns;

@@ -296,9 +296,10 @@ SandboxFactory::SandboxFactory(Config config)
         try {
             network_ = net::make_root_network(*config_.network);
         } catch (const Error& e) {
-            // A bad --bridge or --subnet is the admin's to fix: refuse to start. A host
-            // without nftables or netlink still runs sandboxes without a network.
-            if (e.kind() == Error::Kind::invalid_argument) throw;
+            // A --bridge or --subnet the admin chose that cannot be used is theirs to fix:
+            // refuse to start. The defaults (a subnet some VPN routes), or a host without
+            // nftables, still run sandboxes without a network.
+            if (e.kind() == Error::Kind::invalid_argument && config_.network_required) throw;
             std::fprintf(stderr, "berth-helper: no public network on this host: %s\n", e.what());
         }
         if (network_) adopt_networks();

@@ -41,6 +41,9 @@ struct Config {
     cgroup::Limits budget;  // on the parent cgroup: what all sandboxes together may use
     // The bridge, subnet and DNS of public sandboxes; unset: only NONE is offered.
     std::optional<net::RootNetworkConfig> network;
+    // Whether a network config that cannot be used (a subnet clashing with a host route)
+    // stops the helper: yes when the admin chose it, no for the defaults.
+    bool network_required = false;
 };
 
 // A request the helper refuses or cannot do, and the code berthd passes to the client.
