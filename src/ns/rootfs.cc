@@ -122,6 +122,11 @@ void provide_files(const std::vector<ProvidedFile>& files) {
     UniqueFd store =
         new_filesystem("tmpfs", {{"size", "1m"}, {"nr_inodes", "64"}, {"mode", "0755"}},
                        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
+    // Kernels before 6.15 refuse to clone from a mount that is not attached (open_tree:
+    // EINVAL), so the store is attached for the span of this function where /proc goes
+    // next: a mountpoint anyway, whose image contents nothing sees.
+    ensure_dir("/proc", 0555);
+    attach(store.get(), "/proc");
     for (size_t i = 0; i < files.size(); ++i) {
         const ProvidedFile& file = files[i];
         const std::string name = std::to_string(i);
@@ -169,6 +174,9 @@ void provide_files(const std::vector<ProvidedFile>& files) {
                                 MOVE_MOUNT_F_EMPTY_PATH);
         });
     }
+    // The binds keep the store alive.
+    check_sys("umount2", "/proc (the provided files' store)",
+              [] { return ::umount2("/proc", MNT_DETACH); });
 }
 
 }  // namespace

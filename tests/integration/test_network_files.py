@@ -6,6 +6,7 @@ paths to reach the host or to hang a create.
 """
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -19,20 +20,13 @@ def rootfs_copy(busybox_rootfs: Path, dest: Path) -> Path:
 
 
 @pytest.fixture
-def fresh_rootfs(busybox_rootfs, tmp_path_factory):
-    made = []
-
-    def make(name: str) -> Path:
-        dest = rootfs_copy(busybox_rootfs, tmp_path_factory.mktemp("netfiles") / name)
-        tmp_path_factory.getbasetemp().chmod(0o755)
-        for parent in dest.parents:
-            if parent == Path("/"):
-                break
-            parent.chmod(parent.stat().st_mode | 0o005)
-        made.append(dest)
-        return dest
-
-    yield make
+def fresh_rootfs(busybox_rootfs, base_dir):
+    """Copies of the busybox rootfs to alter, beside it in the test dir (which the
+    daemon can reach and which supports id-mapped mounts, unlike a VM's /tmp)."""
+    parent = Path(tempfile.mkdtemp(prefix="netfiles-", dir=base_dir))
+    parent.chmod(0o755)
+    yield lambda name: rootfs_copy(busybox_rootfs, parent / name)
+    shutil.rmtree(parent, ignore_errors=True)
 
 
 def run(daemon, sid, script, timeout=30):
