@@ -2,7 +2,8 @@
 // of berth's, a veth per sandbox, berth's own nftables table) now; a rootless one (pasta)
 // can stand behind the same calls. The helper reserves before it clones (the sandbox's
 // /etc files name its address), attaches once the sandbox's network namespace exists and
-// before anything of the sandbox runs, and releases on delete.
+// before anything of the sandbox runs, changes the policy of a running sandbox when asked
+// (set_policy), and releases on delete.
 #pragma once
 
 #include <memory>
@@ -10,33 +11,57 @@
 #include <string>
 #include <vector>
 
+#include "net/allow_entry.h"
 #include "net/etc_files.h"
 
 namespace berth::net {
 
-enum class Mode { none, public_egress };
+// none: loopback only (and the host ports it was given); public_egress: anywhere but the
+// host and other sandboxes; allowlist: only the entries' addresses and ports (hostnames
+// through berth's DNS).
+enum class Mode { none, public_egress, allowlist };
 
 const char* mode_name(Mode mode);
+// "none", "public", "allowlist"; throws Error(invalid_argument) for anything else.
+Mode parse_mode(const std::string& name);
+
+struct Policy {
+    Mode mode = Mode::none;
+    std::vector<AllowEntry> allow;  // allowlist only
+};
 
 struct Attachment {
     std::string sandbox_id;
-    Mode mode = Mode::none;
-    std::string address;  // IPv4 on berth's bridge; empty for none
+    Policy policy;
+    // The host's loopback TCP ports the sandbox reaches at host.berth.internal, in every
+    // mode; fixed at create.
+    std::vector<uint16_t> host_ports;
+    // IPv4 on berth's bridge. A sandbox made in `none` without host ports has none (and no
+    // link) until a policy with a network is set.
+    std::string address;
+    bool linked = false;  // its veth exists
 };
 
 class HostNetwork {
   public:
     virtual ~HostNetwork() = default;
-    // What a new sandbox gets (an address, for public): nothing is made yet.
-    virtual Attachment reserve(const std::string& sandbox_id, Mode mode) = 0;
-    // Makes it: for public, a veth whose sandbox end (eth0, with the address and a default
-    // route) is created inside `netns_fd`, and the rules that let it out.
-    virtual void attach(const Attachment& a, int netns_fd) = 0;
+    // What a new sandbox gets (an address, unless it is `none` without host ports): nothing
+    // is made yet. Throws Error(invalid_argument / failed_precondition) for a policy this
+    // network cannot enforce.
+    virtual Attachment reserve(const std::string& sandbox_id, const Policy& policy,
+                               const std::vector<uint16_t>& host_ports) = 0;
+    // Makes it, if it has an address: a veth whose sandbox end (eth0, with the address and a
+    // default route) is created inside `netns_fd`, and the rules of its policy.
+    virtual void attach(Attachment& a, int netns_fd) = 0;
+    // A running sandbox's new policy, in force for new connections when this returns;
+    // `none` also cuts the established ones. A sandbox without a link gets one first
+    // (inside `netns_fd`). On failure the old policy stays in force.
+    virtual void set_policy(Attachment& a, const Policy& policy, int netns_fd) = 0;
     // Undoes reserve and attach: rules and address go (the veth goes with its namespace,
     // and is deleted here too if it outlived it). Never throws: logs what it could not do.
     virtual void release(const Attachment& a) noexcept = 0;
     // A running sandbox of an earlier helper: its address is taken, its rules put back.
-    virtual void adopt(const Attachment& a) = 0;
+    virtual void adopt(Attachment& a) = 0;
     // Deletes the links on berth's bridge that belong to no sandbox of `live` (left by a
     // helper killed mid-create). Returns how many.
     virtual int sweep(const std::set<std::string>& live) = 0;

@@ -265,6 +265,7 @@ table inet @TABLE@ {
   comment "berth sandboxes: written by berth, replaced when it starts"
 
   set public4 { type ipv4_addr; }
+  set listed4 { type ipv4_addr; }
   set allow4 {
     type ipv4_addr . ipv4_addr . inet_proto . inet_service
     flags interval,timeout
@@ -306,6 +307,10 @@ table inet @TABLE@ {
     ct direction reply ct status dnat accept
     ip saddr @public4 accept
     ip saddr . ip daddr . meta l4proto . th dport @allow4 accept
+    # An allowlisted sandbox keeps the connections it opened while their destination was
+    # allowed: an address learned from DNS lapses with its TTL, and a download that outlives
+    # it must not be cut. (Out of listed4, in `none`, they are cut like any other.)
+    ip saddr @listed4 ct state established,related accept
     meta l4proto tcp reject with tcp reset
     reject with icmpx admin-prohibited
   }
@@ -404,8 +409,14 @@ void NftTable::set_public(const std::string& sandbox_ip, bool on) {
     run(on ? "add " + element : "add " + element + "delete " + element, "set_public");
 }
 
-void NftTable::add_allowed(const std::string& sandbox_ip, const std::vector<AllowRule>& rules) {
+void NftTable::set_listed(const std::string& sandbox_ip, bool on) {
     const std::string ip = checked_sandbox(sandbox_ip);
+    const std::string element = "element inet " + config_.table + " listed4 { " + ip + " }\n";
+    run(on ? "add " + element : "add " + element + "delete " + element, "set_listed");
+}
+
+std::vector<std::string> NftTable::allowed_elements(const std::string& ip,
+                                                    const std::vector<AllowRule>& rules) const {
     std::vector<std::string> elements;
     for (const AllowRule& rule : rules) {
         const std::string dst = checked_cidr(rule.cidr, "allowed destination").text();
@@ -425,10 +436,25 @@ void NftTable::add_allowed(const std::string& sandbox_ip, const std::vector<Allo
             if (rule.proto.empty() || rule.proto == proto)
                 elements.push_back(ip + " . " + dst + " . " + proto + suffix);
     }
-    if (elements.empty()) return;
-    std::string s = "add element inet " + config_.table + " allow4 { ";
+    return elements;
+}
+
+namespace {
+
+std::string add_command(const std::string& table, const char* set,
+                        const std::vector<std::string>& elements) {
+    if (elements.empty()) return {};
+    std::string s = "add element inet " + table + " " + set + " { ";
     for (size_t i = 0; i < elements.size(); ++i) s += (i ? ", " : "") + elements[i];
-    run(s + " }\n", "add_allowed");
+    return s + " }\n";
+}
+
+}  // namespace
+
+void NftTable::add_allowed(const std::string& sandbox_ip, const std::vector<AllowRule>& rules) {
+    const std::string ip = checked_sandbox(sandbox_ip);
+    const std::string add = add_command(config_.table, "allow4", allowed_elements(ip, rules));
+    if (!add.empty()) run(add, "add_allowed");
 }
 
 std::vector<std::string> NftTable::elements_of(const char* set, const std::string& sandbox_ip) {
@@ -484,6 +510,25 @@ void NftTable::clear_allowed(const std::string& sandbox_ip) {
                 "clear_allowed");
 }
 
+void NftTable::apply(const std::string& sandbox_ip, bool is_public, bool is_listed,
+                     const std::vector<AllowRule>& rules) {
+    const std::string ip = checked_sandbox(sandbox_ip);
+    const std::string add = add_command(config_.table, "allow4", allowed_elements(ip, rules));
+    auto membership = [&](const char* set, bool on) {
+        const std::string element =
+            "element inet " + config_.table + " " + set + " { " + ip + " }\n";
+        return on ? "add " + element : "add " + element + "delete " + element;
+    };
+    // One transaction: the old entries go and the new come with the memberships, so no
+    // packet sees the sandbox between two policies, and a failure leaves the old one.
+    run_listing(
+        [&] {
+            return delete_command(config_.table, "allow4", elements_of("allow4", ip)) +
+                   membership("public4", is_public) + membership("listed4", is_listed) + add;
+        },
+        "apply");
+}
+
 void NftTable::set_host_ports(const std::string& sandbox_ip, const std::vector<uint16_t>& ports) {
     const std::string ip = checked_sandbox(sandbox_ip);
     // Sorted and once each: nft refuses a duplicate within one command.
@@ -491,13 +536,9 @@ void NftTable::set_host_ports(const std::string& sandbox_ip, const std::vector<u
     if (wanted.count(0)) invalid("host port 0: no program listens there");
     std::string add;
     if (!wanted.empty()) {
-        add = "add element inet " + config_.table + " hostports4 { ";
-        bool first = true;
-        for (uint16_t port : wanted) {
-            add += (first ? "" : ", ") + ip + " . " + std::to_string(port);
-            first = false;
-        }
-        add += " }\n";
+        std::vector<std::string> elements;
+        for (uint16_t port : wanted) elements.push_back(ip + " . " + std::to_string(port));
+        add = add_command(config_.table, "hostports4", elements);
     }
     // Delete-then-add in one transaction: a port in both stays, and no packet sees the
     // sandbox with neither set of ports.
@@ -511,9 +552,10 @@ void NftTable::set_host_ports(const std::string& sandbox_ip, const std::vector<u
 void NftTable::forget(const std::string& sandbox_ip) {
     const std::string ip = checked_sandbox(sandbox_ip);
     const std::string element = "element inet " + config_.table + " public4 { " + ip + " }\n";
+    const std::string listed = "element inet " + config_.table + " listed4 { " + ip + " }\n";
     run_listing(
         [&] {
-            return "add " + element + "delete " + element +
+            return "add " + element + "delete " + element + "add " + listed + "delete " + listed +
                    delete_command(config_.table, "allow4", elements_of("allow4", ip)) +
                    delete_command(config_.table, "hostports4", elements_of("hostports4", ip));
         },

@@ -4,8 +4,9 @@
 // One `table inet NAME` holds everything; every command this class sends names that table
 // (but exists()'s, which lists the names of the inet tables), so no other table of the
 // host's ruleset is flushed or rewritten. A sandbox is known by its IPv4 address on the
-// bridge, and its state lives in three sets (public4: may reach anything; allow4: source .
-// destination . protocol . port; hostports4: host loopback ports), so granting and revoking
+// bridge, and its state lives in four sets (public4: may reach anything; allow4: source .
+// destination . protocol . port; listed4: allowlisted sandboxes, whose established
+// connections stay; hostports4: host loopback ports), so granting and revoking
 // is an element change, never a rule change; the kernel checks membership on every packet,
 // so revoking also cuts connections already established.
 //
@@ -70,9 +71,16 @@ class NftTable {
     // Public mode: the sandbox may reach any address but the host's own (and other
     // sandboxes', which the bridge decides).
     void set_public(const std::string& sandbox_ip, bool on);
+    // Allowlist mode: the sandbox keeps its established connections when an allowed entry
+    // lapses or goes (see listed4 in the table); what it may open is in allow4.
+    void set_listed(const std::string& sandbox_ip, bool on);
     // Adds `rules` for the sandbox in one transaction (all or none). The kernel refuses an
     // entry that starts or ends inside one this sandbox already has ("File exists").
     void add_allowed(const std::string& sandbox_ip, const std::vector<AllowRule>& rules);
+    // A sandbox's whole policy in one transaction: public4 and listed4 membership, and its
+    // allow4 entries replaced by `rules`.
+    void apply(const std::string& sandbox_ip, bool is_public, bool is_listed,
+               const std::vector<AllowRule>& rules);
     // Removes every allow4 entry of the sandbox.
     void clear_allowed(const std::string& sandbox_ip);
     // The host loopback TCP ports the sandbox may reach at host_address: replaces its set.
@@ -97,6 +105,8 @@ class NftTable {
     template <typename Build>
     void run_listing(Build build, const char* what);
     std::string checked_sandbox(const std::string& ip) const;
+    std::vector<std::string> allowed_elements(const std::string& ip,
+                                              const std::vector<AllowRule>& rules) const;
 
     TableConfig config_;
     std::unique_ptr<nft_ctx, CtxDeleter> ctx_;

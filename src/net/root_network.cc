@@ -23,8 +23,18 @@ const char* mode_name(Mode mode) {
             return "none";
         case Mode::public_egress:
             return "public";
+        case Mode::allowlist:
+            return "allowlist";
     }
     return "?";
+}
+
+Mode parse_mode(const std::string& name) {
+    if (name == "none") return Mode::none;
+    if (name == "public") return Mode::public_egress;
+    if (name == "allowlist") return Mode::allowlist;
+    throw Error(Error::Kind::invalid_argument,
+                "unknown network mode '" + name.substr(0, 40) + "' (none, public or allowlist)");
 }
 
 namespace {
@@ -122,36 +132,50 @@ class RootNetwork final : public HostNetwork {
                                                         .host_address = {}});
     }
 
-    Attachment reserve(const std::string& sandbox_id, Mode mode) override {
-        Attachment a{sandbox_id, mode, {}};
-        if (mode == Mode::none) return a;
-        for (uint32_t ip = subnet_.gateway() + 1; ip < subnet_.broadcast(); ++ip) {
-            if (used_.insert(ip).second) {
-                a.address = ip_text(ip);
-                return a;
-            }
-        }
-        throw Error(Error::Kind::resource_exhausted,
-                    "every address of --subnet " + config_.subnet + " is in use");
+    Attachment reserve(const std::string& sandbox_id, const Policy& policy,
+                       const std::vector<uint16_t>& host_ports) override {
+        for (uint16_t port : host_ports)
+            if (port == 0)
+                throw Error(Error::Kind::invalid_argument, "host port 0: no program listens there");
+        Attachment a{sandbox_id, policy, host_ports, {}, false};
+        if (policy.mode != Mode::none || !host_ports.empty()) a.address = take_address();
+        return a;
     }
 
-    void attach(const Attachment& a, int netns_fd) override {
-        if (a.mode == Mode::none) return;
+    void attach(Attachment& a, int netns_fd) override {
+        if (a.address.empty()) return;
         ensure_ready();
-        const std::string host = host_link(a.sandbox_id);
-        host_nl_.add_veth(host, "eth0", netns_fd);
-        host_nl_.set_master(host, config_.bridge);
-        host_nl_.set_isolated(host);
-        host_nl_.set_up(host);
-        Netlink inside = Netlink::in_netns(netns_fd);
-        inside.add_address("eth0", a.address, subnet_.prefix);
-        inside.set_up("eth0");
-        inside.add_default_route(ip_text(subnet_.gateway()));
-        table_->set_public(a.address, true);
+        make_link(a, netns_fd);
+        table_->set_host_ports(a.address, a.host_ports);
+        apply(a.address, a.policy);
+    }
+
+    void set_policy(Attachment& a, const Policy& policy, int netns_fd) override {
+        if (a.address.empty()) {
+            if (policy.mode == Mode::none) {
+                a.policy = policy;  // loopback only, as it was
+                return;
+            }
+            a.address = take_address();
+        }
+        try {
+            if (!a.linked) {
+                ensure_ready();
+                make_link(a, netns_fd);
+            }
+            apply(a.address, policy);
+        } catch (...) {
+            if (!a.linked) {
+                used_.erase(parse_ip(a.address, "address"));
+                a.address.clear();
+            }
+            throw;
+        }
+        a.policy = policy;
     }
 
     void release(const Attachment& a) noexcept override {
-        if (a.mode == Mode::none || a.address.empty()) return;
+        if (a.address.empty()) return;
         try {
             if (ready_) table_->forget(a.address);
         } catch (const std::exception& e) {
@@ -172,13 +196,15 @@ class RootNetwork final : public HostNetwork {
         }
     }
 
-    void adopt(const Attachment& a) override {
-        if (a.mode == Mode::none || a.address.empty()) return;
+    void adopt(Attachment& a) override {
+        if (a.address.empty()) return;
         const uint32_t ip = parse_ip(a.address, "the address of sandbox " + a.sandbox_id);
         if ((ip & subnet_.mask()) != subnet_.network) return;  // an old --subnet: no rules
         ensure_ready();
         used_.insert(ip);
-        table_->set_public(a.address, true);
+        a.linked = true;
+        table_->set_host_ports(a.address, a.host_ports);
+        apply(a.address, a.policy);
     }
 
     int sweep(const std::set<std::string>& live) override {
@@ -201,7 +227,11 @@ class RootNetwork final : public HostNetwork {
     NameSettings names(const Attachment& a, const std::string& hostname) const override {
         NameSettings s{
             .hostname = hostname, .address = a.address, .host_address = {}, .nameservers = {}};
-        if (a.mode == Mode::public_egress) s.nameservers = config_.nameservers;
+        if (a.policy.mode == Mode::public_egress) s.nameservers = config_.nameservers;
+        // An allowlisted sandbox asks berth's DNS on the gateway, which answers only the
+        // names it may reach (and lets their addresses through as it hands them out).
+        if (a.policy.mode == Mode::allowlist) s.nameservers = {ip_text(subnet_.gateway())};
+        if (!a.host_ports.empty()) s.host_address = ip_text(subnet_.gateway());
         return s;
     }
 
@@ -215,6 +245,46 @@ class RootNetwork final : public HostNetwork {
     }
 
   private:
+    std::string take_address() {
+        for (uint32_t ip = subnet_.gateway() + 1; ip < subnet_.broadcast(); ++ip)
+            if (used_.insert(ip).second) return ip_text(ip);
+        throw Error(Error::Kind::resource_exhausted,
+                    "every address of --subnet " + config_.subnet + " is in use");
+    }
+
+    // The veth: its host end a port of the bridge, isolated from the other sandboxes'
+    // ports; its sandbox end eth0 with the address and a default route via the gateway.
+    void make_link(Attachment& a, int netns_fd) {
+        const std::string host = host_link(a.sandbox_id);
+        host_nl_.add_veth(host, "eth0", netns_fd);
+        a.linked = true;
+        host_nl_.set_master(host, config_.bridge);
+        host_nl_.set_isolated(host);
+        host_nl_.set_up(host);
+        Netlink inside = Netlink::in_netns(netns_fd);
+        inside.add_address("eth0", a.address, subnet_.prefix);
+        inside.set_up("eth0");
+        inside.add_default_route(ip_text(subnet_.gateway()));
+    }
+
+    // The policy's rules: the sets the sandbox is in and its allowed destinations. (Its
+    // hostnames are the DNS resolver's to let through, address by address.)
+    void apply(const std::string& address, const Policy& policy) {
+        std::vector<AllowRule> rules;
+        if (policy.mode == Mode::allowlist) {
+            for (const AllowEntry& e : policy.allow) {
+                if (e.kind != AllowEntry::Kind::cidr) continue;
+                rules.push_back(AllowRule{.cidr = e.value,
+                                          .proto = {},
+                                          .port_from = e.port_from,
+                                          .port_to = e.port_to,
+                                          .timeout = {}});
+            }
+        }
+        table_->apply(address, policy.mode == Mode::public_egress, policy.mode == Mode::allowlist,
+                      rules);
+    }
+
     bool bridge_exists() {
         try {
             host_nl_.ifindex(config_.bridge);
@@ -252,6 +322,11 @@ class RootNetwork final : public HostNetwork {
         host_nl_.set_up(config_.bridge);
         // Routing between the bridge and the host's uplinks (Docker sets it too).
         write_file("/proc/sys/net/ipv4/ip_forward", "1");
+        // Host ports: what a sandbox sends to host.berth.internal:PORT is DNAT'd to
+        // 127.0.0.1:PORT, which the kernel drops as a martian unless the bridge may route to
+        // loopback. Packets to 127.0.0.1 that were not DNAT'd (a sandbox's raw socket could
+        // send them) are refused by the table's input chain.
+        write_file("/proc/sys/net/ipv4/conf/" + config_.bridge + "/route_localnet", "1");
         table_->create();
         ready_ = true;
     }

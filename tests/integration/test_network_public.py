@@ -188,7 +188,7 @@ def test_a_default_subnet_the_host_routes_leaves_only_loopback(base_dir, busybox
             assert "no public network" in d.log() and "overlaps" in d.log(), d.log()
             sid = d.create(busybox_rootfs)
             r = d.cli("create", "--rootfs", busybox_rootfs, "--network", "public")
-            assert r.returncode != 0 and "no public network" in r.stderr, r
+            assert r.returncode != 0 and "offers no network" in r.stderr, r
             d.cli_ok("rm", sid)
         finally:
             problems = d.cleanup()

@@ -45,8 +45,17 @@ uint64_t parse_size(const std::string& text) {
     return static_cast<uint64_t>(value * mult);
 }
 
+v1::NetworkMode network_mode(const std::string& name) {
+    if (name == "none") return v1::NETWORK_NONE;
+    if (name == "public") return v1::NETWORK_PUBLIC;
+    if (name == "allowlist") return v1::NETWORK_ALLOWLIST;
+    throw std::invalid_argument("--network '" + name + "': give none, public or allowlist");
+}
+
 struct CreateOptions {
     std::string image, rootfs, name, hostname, memory, workdir, storage, network = "none";
+    std::vector<std::string> allow;
+    std::vector<uint32_t> host_ports;
     double cpus = 0;
     uint64_t pids = 0;
     bool storage_given = false;
@@ -71,8 +80,15 @@ struct CreateOptions {
             "bound on what the sandbox writes to its filesystem, e.g. 512m, 10g "
             "(default: the daemon's --default-storage)");
         cmd->add_option("--network", network,
-                        "none (loopback only, the default) or public (egress through NAT)")
+                        "none (loopback only, the default), public (egress through NAT) or "
+                        "allowlist (only the --allow entries)")
             ->capture_default_str();
+        cmd->add_option("--allow", allow,
+                        "with --network allowlist: HOST, *.DOMAIN or IPv4[/LEN], each with an "
+                        "optional :PORT or :FROM-TO (repeatable)");
+        cmd->add_option("--host-port", host_ports,
+                        "a TCP port of the host's 127.0.0.1 the sandbox reaches at "
+                        "host.berth.internal, in every network mode (repeatable)");
         cmd->add_option("--owner", owner,
                         "root only: the host uid the sandbox belongs to (default: yours)");
         cmd->add_option("--sandbox-workdir", workdir,
@@ -95,13 +111,9 @@ struct CreateOptions {
         }
         c.set_name(name);
         c.set_hostname(hostname);
-        if (network == "none") {
-            c.set_network(v1::NETWORK_NONE);
-        } else if (network == "public") {
-            c.set_network(v1::NETWORK_PUBLIC);
-        } else {
-            throw std::invalid_argument("--network '" + network + "': give none or public");
-        }
+        c.set_network(network_mode(network));
+        for (const auto& entry : allow) c.add_allow(entry);
+        for (uint32_t port : host_ports) c.add_host_ports(port);
         c.set_persistent(persistent);
         c.set_workdir(workdir);
         if (owner) c.set_owner_uid(*owner);
@@ -292,6 +304,18 @@ int main(int argc, char** argv) {
     ps->add_flag("--json", ps_json, "JSON output");
     ps->add_flag("-q,--quiet", ps_quiet, "ids only");
 
+    std::string network_target, network_mode_name;
+    std::vector<std::string> network_allow;
+    auto* network = app.add_subcommand("network", "a running sandbox's network");
+    auto* network_set = network->add_subcommand(
+        "set",
+        "change a running sandbox's network mode: in force for new connections at once; "
+        "none also cuts established ones");
+    network_set->add_option("sandbox", network_target, "id, id prefix or name")->required();
+    network_set->add_option("mode", network_mode_name, "none, public or allowlist")->required();
+    network_set->add_option("--allow", network_allow, "allowlist entries, as for create");
+    network->require_subcommand(1);
+
     std::string inspect_target;
     auto* inspect = app.add_subcommand("inspect", "show a sandbox and its resource usage (JSON)");
     inspect->add_option("sandbox", inspect_target)->required();
@@ -420,6 +444,15 @@ int main(int argc, char** argv) {
                                 (s.image().empty() ? s.rootfs() : s.image()).c_str());
                 }
             }
+            return 0;
+        }
+        if (network_set->parsed()) {
+            v1::ClientMessage m;
+            auto* set = m.mutable_set_network();
+            set->set_sandbox(network_target);
+            set->set_network(network_mode(network_mode_name));
+            for (const auto& entry : network_allow) set->add_allow(entry);
+            c.call(m);
             return 0;
         }
         if (inspect->parsed()) {

@@ -284,6 +284,8 @@ void Server::on_frame(const std::shared_ptr<Session>& session, std::string&& pay
             return handle_inspect(session, id, msg.inspect());
         case v1::ClientMessage::kSetPersistent:
             return handle_set_persistent(session, id, msg.set_persistent());
+        case v1::ClientMessage::kSetNetwork:
+            return handle_set_network(session, id, msg.set_network());
         case v1::ClientMessage::kPullImage:
         case v1::ClientMessage::kImportImage:
         case v1::ClientMessage::kExportImage:
@@ -419,7 +421,9 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
         c->set_rootfs(req.rootfs());
     }
     c->set_hostname(hostname);
-    c->set_network(req.network());  // the helper refuses what it does not know
+    c->set_network(req.network());      // the helper refuses what it does not know
+    *c->mutable_allow() = req.allow();  // and parses and checks these
+    *c->mutable_host_ports() = req.host_ports();
     const uint64_t memory = r.memory_bytes() ? r.memory_bytes() : config_.budget.default_memory;
     const uint64_t pids = r.pids() ? r.pids() : config_.budget.default_pids;
     c->mutable_limits()->set_memory_bytes(memory);
@@ -475,6 +479,8 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
         info.set_cgroup_driver(config_.cgroup_driver);
         info.set_host_root_uid(created.host_root_uid());
         info.set_address(created.address());
+        *info.mutable_allow() = created.allow();
+        *info.mutable_host_ports() = req.host_ports();
         const std::string sandbox_id = info.id();
         Sandbox& sandbox =
             registry_.add(std::move(info), created.init_socket(), created.init_start_time());
@@ -691,6 +697,49 @@ void Server::handle_set_persistent(const std::shared_ptr<Session>& session, uint
     msg.set_id(id);
     msg.mutable_set_persistent();
     session->send(msg);
+}
+
+void Server::handle_set_network(const std::shared_ptr<Session>& session, uint64_t id,
+                                const v1::SetNetwork& req) {
+    Sandbox* sandbox = find_or_reply(session, id, req.sandbox());
+    if (!sandbox || !usable_or_reply(session, id, *sandbox)) return;
+    v1::helper::Request hreq;
+    auto* set = hreq.mutable_set_network();
+    set->set_id(sandbox->info.id());
+    set->set_network(req.network());  // the helper checks both
+    *set->mutable_allow() = req.allow();
+    std::weak_ptr<Session> weak = session;
+    helper_.call(std::move(hreq), [this, weak, id, sandbox_id = sandbox->info.id(),
+                                   mode = req.network()](const v1::helper::Reply& reply) {
+        auto session = weak.lock();
+        if (!reply.error().empty()) {
+            if (session)
+                session->send_error(id, wire::error_code_from_peer(reply.error_code()),
+                                    reply.error());
+            return;
+        }
+        // The sandbox may have been deleted while the helper worked: then there is nothing
+        // to record, and the reply says so.
+        std::string error;
+        Sandbox* sandbox = registry_.find(sandbox_id, &error);
+        if (!sandbox) {
+            if (session) session->send_error(id, v1::NOT_FOUND, error);
+            return;
+        }
+        sandbox->info.set_network(mode == v1::NETWORK_MODE_UNSPECIFIED ? v1::NETWORK_NONE : mode);
+        sandbox->info.set_address(reply.network_set().address());
+        *sandbox->info.mutable_allow() = reply.network_set().allow();
+        try {
+            registry_.save_meta(*sandbox);
+        } catch (const std::exception& e) {
+            log("saving metadata of " + sandbox_id + ": " + e.what());
+        }
+        if (!session) return;
+        v1::ServerMessage msg;
+        msg.set_id(id);
+        *msg.mutable_set_network()->mutable_sandbox() = sandbox->info;
+        session->send(msg);
+    });
 }
 
 void Server::reattach() {

@@ -121,6 +121,7 @@ class Server {
     void handle_inspect(const std::shared_ptr<Session>&, uint64_t id, const v1::InspectSandbox&);
     void handle_set_persistent(const std::shared_ptr<Session>&, uint64_t id,
                                const v1::SetPersistent&);
+    void handle_set_network(const std::shared_ptr<Session>&, uint64_t id, const v1::SetNetwork&);
 
     // The sandbox named by `key`, or nullptr after replying NOT_FOUND to request `id`.
     // Finds the sandbox `key` names and checks that the session may use it (its owner or

@@ -190,6 +190,8 @@ int main(int argc, char** argv) {
                 replied_later = true;
             } else if (request.has_get_storage()) {
                 *reply.mutable_storage() = factory->storage_usage(request.get_storage().id());
+            } else if (request.has_set_network()) {
+                *reply.mutable_network_set() = factory->set_network(request.set_network());
             } else {
                 throw helper::HelperError(v1::INVALID_ARGUMENT, "unknown helper request");
             }

@@ -237,14 +237,63 @@ class StepTimer {
     std::string line_;
 };
 
-// A sandbox's network as its state file records it (made by an earlier helper).
+// A sandbox's network as its state file records it (made by an earlier helper, or before
+// a policy change). The file is the helper's own (root's, in its runtime dir); what does not
+// parse is taken as `none`, whose rules give nothing.
 net::Attachment attachment_from_state(const std::string& id, const nlohmann::json& j) {
-    net::Attachment a{id, net::Mode::none, {}};
-    if (j.value("network", std::string("none")) == "public") {
-        a.mode = net::Mode::public_egress;
+    net::Attachment a{id, {}, {}, {}, false};
+    try {
         a.address = j.value("address", std::string());
+        a.linked = !a.address.empty();
+        a.host_ports = j.value("host_ports", std::vector<uint16_t>());
+        a.policy.mode = net::parse_mode(j.value("network", std::string("none")));
+        a.policy.allow = net::parse_allow_entries(j.value("allow", std::vector<std::string>()));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "berth-helper: the network of sandbox %s: %s (taken as none)\n",
+                     id.c_str(), e.what());
+        a.policy = {};
     }
     return a;
+}
+
+std::vector<std::string> allow_texts(const net::Policy& policy) {
+    std::vector<std::string> out;
+    for (const auto& e : policy.allow) out.push_back(e.text());
+    return out;
+}
+
+// What a request's mode and allowlist say, checked: the entries come from task files.
+net::Policy policy_of(int mode, const google::protobuf::RepeatedPtrField<std::string>& allow,
+                      bool network_offered) {
+    net::Policy policy;
+    switch (mode) {
+        case v1::NETWORK_MODE_UNSPECIFIED:
+        case v1::NETWORK_NONE:
+            policy.mode = net::Mode::none;
+            break;
+        case v1::NETWORK_PUBLIC:
+            policy.mode = net::Mode::public_egress;
+            break;
+        case v1::NETWORK_ALLOWLIST:
+            policy.mode = net::Mode::allowlist;
+            break;
+        default:
+            throw HelperError(kInvalidArgument, "unknown network mode " + std::to_string(mode));
+    }
+    if (policy.mode != net::Mode::allowlist && !allow.empty())
+        throw HelperError(kInvalidArgument,
+                          std::string("allowlist entries are for the allowlist mode, not ") +
+                              net::mode_name(policy.mode));
+    try {
+        policy.allow = net::parse_allow_entries({allow.begin(), allow.end()});
+    } catch (const Error& e) {
+        throw HelperError(kInvalidArgument, e.what());
+    }
+    if (policy.mode != net::Mode::none && !network_offered)
+        throw HelperError(kFailedPrecondition, std::string("this berthd offers no network for ") +
+                                                   net::mode_name(policy.mode) +
+                                                   " sandboxes (see berthd --bridge)");
+    return policy;
 }
 
 struct SandboxFactory::Live {
@@ -419,7 +468,8 @@ struct SandboxFactory::CreatePlan {
     UniqueFd rootfs_dir;                  // opened and checked (open_rootfs)
     uint64_t storage_bytes = 0;
     cgroup::Limits limits;
-    net::Mode network = net::Mode::none;
+    net::Policy network;
+    std::vector<uint16_t> host_ports;  // sorted, once each
 };
 
 // Where a sandbox's writes go: the overlay's upper and work directories.
@@ -434,21 +484,22 @@ SandboxFactory::CreatePlan SandboxFactory::plan_create(const v1::helper::Create&
         throw HelperError(kInvalidArgument, "invalid sandbox id '" + plan.id + "'");
     if (!valid_hostname(req.hostname()))
         throw HelperError(kInvalidArgument, "invalid hostname '" + req.hostname() + "'");
-    switch (req.network()) {
-        case v1::NETWORK_MODE_UNSPECIFIED:
-        case v1::NETWORK_NONE:
-            plan.network = net::Mode::none;
-            break;
-        case v1::NETWORK_PUBLIC:
-            if (!network_)
-                throw HelperError(kFailedPrecondition,
-                                  "this berthd offers no public network (see berthd --bridge)");
-            plan.network = net::Mode::public_egress;
-            break;
-        default:
+    plan.network = policy_of(req.network(), req.allow(), network_ != nullptr);
+    if (req.host_ports_size() > 64)
+        throw HelperError(kInvalidArgument,
+                          "at most 64 host ports, not " + std::to_string(req.host_ports_size()));
+    std::set<uint16_t> ports;
+    for (uint32_t port : req.host_ports()) {
+        if (port < 1 || port > 65535)
             throw HelperError(kInvalidArgument,
-                              "unknown network mode " + std::to_string(req.network()));
+                              "host port " + std::to_string(port) + ": not a port (1-65535)");
+        ports.insert(static_cast<uint16_t>(port));
     }
+    plan.host_ports.assign(ports.begin(), ports.end());
+    if (!plan.host_ports.empty() && !network_)
+        throw HelperError(kFailedPrecondition,
+                          "this berthd offers no network, and host ports need one (see berthd "
+                          "--bridge)");
     plan.rootfs = req.rootfs();
     if (!plan.rootfs.empty() && req.layers_size() > 0)
         throw HelperError(kInvalidArgument,
@@ -615,7 +666,7 @@ void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostn
         check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "g", 1); });
         if (live.cgroup->clone_into_fd() < 0) live.cgroup->attach(pid);
         timer.mark("attach");
-        if (live.net.mode != net::Mode::none) {
+        if (!live.net.address.empty()) {
             // Its network namespace exists (we hold its init) and nothing of it runs yet.
             const std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
             UniqueFd netns(check_sys("open", path,
@@ -675,7 +726,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     UniqueFd overlay = make_root_mount(plan, layer, *live);
     timer.mark("overlay");
     if (network_) {
-        live->net = network_->reserve(id, plan.network);
+        live->net = network_->reserve(id, plan.network, plan.host_ports);
         undo.push([this, &live] { network_->release(live->net); });
     }
     start_init(plan, req.hostname(), std::move(control), std::move(overlay), *live, undo, timer);
@@ -688,6 +739,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     for (const auto& p : live->cgroup->paths()) created.add_cgroup_paths(p);
     created.set_host_root_uid(root_uid);
     created.set_address(live->net.address);
+    for (const auto& text : allow_texts(live->net.policy)) created.add_allow(text);
 
     nlohmann::json state_json = {
         {"id", id},
@@ -703,8 +755,10 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         {"storage_bytes", plan.storage_bytes},
         {"project_id", live->project_id},
         {"userns_owner", live->userns_owner},
-        {"network", net::mode_name(live->net.mode)},
+        {"network", net::mode_name(live->net.policy.mode)},
         {"address", live->net.address},
+        {"allow", allow_texts(live->net.policy)},
+        {"host_ports", live->net.host_ports},
     };
     // Written after the reply is sent (run_deferred): it is only read by a daemon that
     // restarts, and a file write is a good part of a create's time.
@@ -732,7 +786,8 @@ void SandboxFactory::adopt_networks() {
                 const uint64_t start = j.at("init_start_time").get<uint64_t>();
                 if (start == 0 || process_start_time(pid) != start) continue;  // not running
                 live_ids.insert(id);
-                network_->adopt(attachment_from_state(id, j));
+                net::Attachment a = attachment_from_state(id, j);
+                network_->adopt(a);
             } catch (const std::exception& e) {
                 std::fprintf(stderr, "berth-helper: the network of sandbox %s: %s\n", id.c_str(),
                              e.what());
@@ -979,6 +1034,60 @@ UniqueFd SandboxFactory::find_init(const std::string& id, pid_t* pid) {
     } catch (const std::exception&) {
     }
     return UniqueFd();
+}
+
+v1::helper::NetworkSet SandboxFactory::set_network(const v1::helper::SetNetwork& req) {
+    const std::string& id = req.id();
+    if (!valid_sandbox_id(id))
+        throw HelperError(kInvalidArgument, "invalid sandbox id '" + id + "'");
+    const net::Policy policy = policy_of(req.network(), req.allow(), network_ != nullptr);
+    if (deleting_.count(id)) throw HelperError(kNotFound, "sandbox " + id + " is being deleted");
+    pid_t pid = -1;
+    UniqueFd pidfd = find_init(id, &pid);
+    if (!pidfd) throw HelperError(kNotFound, "sandbox " + id + " is not running");
+    const std::string state_path = sandbox_runtime_dir(id) + "/state.json";
+    nlohmann::json state;
+    try {
+        state = nlohmann::json::parse(read_file(state_path));
+    } catch (const std::exception& e) {
+        throw HelperError(kInternal, "the state of sandbox " + id + ": " + e.what());
+    }
+    // This helper's record, or (a sandbox of an earlier helper) its state file's.
+    net::Attachment from_state;
+    net::Attachment* net = nullptr;
+    if (auto it = live_.find(id); it != live_.end()) {
+        net = &it->second->net;
+    } else {
+        from_state = attachment_from_state(id, state);
+        net = &from_state;
+    }
+    if (network_) {
+        // Its network namespace, through its init (the pidfd check after the open guards
+        // against a recycled pid: the namespace opened is then the right one's).
+        const std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
+        UniqueFd netns(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (!netns || ::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) != 0)
+            throw HelperError(kNotFound, "sandbox " + id + " is not running");
+        try {
+            network_->set_policy(*net, policy, netns.get());
+        } catch (const HelperError&) {
+            throw;
+        } catch (const Error& e) {
+            throw HelperError(e.kind() == Error::Kind::invalid_argument     ? kInvalidArgument
+                              : e.kind() == Error::Kind::resource_exhausted ? v1::RESOURCE_EXHAUSTED
+                                                                            : kInternal,
+                              "setting the network of sandbox " + id + ": " + e.what());
+        }
+    }
+    // Recorded for the next helper, which puts these rules back when it starts.
+    state["network"] = net::mode_name(net->policy.mode);
+    state["address"] = net->address;
+    state["allow"] = allow_texts(net->policy);
+    write_file_atomic(state_path, state.dump(), 0644);
+    v1::helper::NetworkSet out;
+    out.set_address(net->address);
+    for (const auto& text : allow_texts(net->policy)) out.add_allow(text);
+    return out;
 }
 
 v1::helper::StorageUsage SandboxFactory::storage_usage(const std::string& id) {

@@ -84,6 +84,9 @@ class SandboxFactory {
     // How full the sandbox's writable layer is (statfs of its root, through its init).
     v1::helper::StorageUsage storage_usage(const std::string& id);
 
+    // A running sandbox's network policy (mode and allowlist), in force when this returns.
+    v1::helper::NetworkSet set_network(const v1::helper::SetNetwork& request);
+
     // For doctor.
     std::string describe_network();
 
