@@ -210,6 +210,10 @@ class RootNetwork final : public HostNetwork {
     int sweep(const std::set<std::string>& live) override {
         int removed = 0;
         if (!bridge_exists()) return 0;
+        // A table of an earlier helper with no running sandbox adopted (those replace it at
+        // their adopt): replaced by an empty one, so that no element of a sandbox that is
+        // gone (a helper killed mid-create) outlives it.
+        if (!ready_ && table_->exists()) ensure_ready();
         std::set<std::string> kept;
         for (const auto& id : live) kept.insert(host_link(id));
         for (const std::string& link : host_nl_.links_with_prefix("bh")) {
