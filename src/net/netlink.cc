@@ -345,6 +345,15 @@ void Netlink::set_up(const std::string& link) {
     transact(req);
 }
 
+void Netlink::set_mac(const std::string& link, const std::array<uint8_t, 6>& mac) {
+    check_ifname(link);
+    Request req(RTM_SETLINK, 0, "RTM_SETLINK", link + " address in " + netns_);
+    req.put_header<ifinfomsg>()->ifi_family = AF_UNSPEC;
+    req.put_str(IFLA_IFNAME, link);
+    req.put(IFLA_ADDRESS, mac.data(), mac.size());
+    transact(req);
+}
+
 void Netlink::set_isolated(const std::string& link) {
     check_ifname(link);
     // IFLA_BRPORT_ISOLATED: an isolated port forwards to non-isolated ports only (the

@@ -11,6 +11,7 @@
 // SysError of kind_for_errno's kind. Names are checked (check_ifname) before anything is sent.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,6 +51,9 @@ class Netlink {
     void add_veth(const std::string& host_name, const std::string& peer_name, int peer_netns_fd);
     void set_master(const std::string& link, const std::string& bridge);
     void set_up(const std::string& link);
+    // Sets the link's hardware address. On a bridge this also fixes it: otherwise a bridge
+    // takes the lowest address of its ports, and changes it as ports come and go.
+    void set_mac(const std::string& link, const std::array<uint8_t, 6>& mac);
     // Makes bridge port `link` isolated: it forwards to no other isolated port (sandboxes
     // on one bridge do not reach each other), only to the bridge itself and others.
     void set_isolated(const std::string& link);

@@ -166,6 +166,11 @@ std::pair<std::string, std::string> element_text(const char* set, const json& el
                     json_proto(set, fields[2]) + " . " + json_port_interval(set, fields[3]),
                 src};
     }
+    if (name == "ports4" && fields.is_array() && fields.size() == 2 && fields[0].is_string() &&
+        is_name(fields[0].get<std::string>())) {
+        std::string src = json_ipv4(set, fields[1]);
+        return {"\"" + fields[0].get<std::string>() + "\" . " + src, src};
+    }
     if (name == "hostports4" && fields.is_array() && fields.size() == 2) {
         std::string src = json_ipv4(set, fields[0]);
         return {src + " . " + json_port(set, fields[1]), src};
@@ -357,6 +362,32 @@ table inet @TABLE@ {
     ip saddr @SUBNET@ oifname != "@BRIDGE@" masquerade
   }
 }
+table bridge @TABLE@
+delete table bridge @TABLE@
+table bridge @TABLE@ {
+  comment "berth sandboxes: each veth speaks only with its own address"
+
+  # Every rule above tells sandboxes apart by their source address, which a sandbox's root
+  # could forge (CAP_NET_RAW inside, packet sockets): a frame that enters the bridge from a
+  # sandbox's port must carry that port's own address, in IPv4 and in ARP. Anything else
+  # from a sandbox port (IPv6, which sandboxes are not given, another ethertype, a forged
+  # address) is dropped here, before routing and the inet table see it.
+  set ports4 { type ifname . ipv4_addr; }
+  # Only frames from this berth's sandbox ports (another berth on the host, with a bridge
+  # of its own, has its own table). A port is in `links` before its link is up.
+  set links { type ifname; }
+
+  chain prerouting {
+    type filter hook prerouting priority -300; policy accept;
+    iifname @links jump from_sandbox_port
+  }
+
+  chain from_sandbox_port {
+    ether type ip iifname . ip saddr @ports4 accept
+    ether type arp iifname . arp saddr ip @ports4 accept
+    drop
+  }
+}
 )";
 
 void replace_all(std::string& s, std::string_view token, const std::string& value) {
@@ -378,7 +409,9 @@ void NftTable::create() {
 
 void NftTable::destroy() {
     const std::string& t = config_.table;
-    run("table inet " + t + "\ndelete table inet " + t + "\n", "destroy");
+    run("table inet " + t + "\ndelete table inet " + t + "\ntable bridge " + t +
+            "\ndelete table bridge " + t + "\n",
+        "destroy");
 }
 
 bool NftTable::exists() {
@@ -458,8 +491,10 @@ void NftTable::add_allowed(const std::string& sandbox_ip, const std::vector<Allo
 }
 
 std::vector<std::string> NftTable::elements_of(const char* set, const std::string& sandbox_ip) {
+    const char* family = std::string_view(set) == "ports4" ? "bridge " : "inet ";
     const std::string out =
-        run("list set inet " + config_.table + " " + set, "list set", /*json=*/true);
+        run(std::string("list set ") + family + config_.table + " " + set, "list set",
+            /*json=*/true);
     std::vector<std::string> found;
     try {
         const json listing = json::parse(out);
@@ -503,6 +538,40 @@ std::string delete_command(const std::string& table, const char* set,
 }
 
 }  // namespace
+
+namespace {
+
+// Deletes ports4 elements (`"LINK" . IP`, as element_text prints them) and their links.
+std::string delete_bridge_command(const std::string& table,
+                                  const std::vector<std::string>& elements) {
+    if (elements.empty()) return {};
+    std::string ports = "delete element bridge " + table + " ports4 { ";
+    std::string links;
+    for (size_t i = 0; i < elements.size(); ++i) {
+        ports += (i ? ", " : "") + elements[i];
+        // Added first, so that the delete cannot fail on a link already gone.
+        const std::string link = "element bridge " + table + " links { " +
+                                 elements[i].substr(0, elements[i].find(" . ")) + " }\n";
+        links += "add " + link + "delete " + link;
+    }
+    return ports + " }\n" + links;
+}
+
+}  // namespace
+
+void NftTable::set_port(const std::string& sandbox_ip, const std::string& link) {
+    const std::string ip = checked_sandbox(sandbox_ip);
+    if (!is_name(link)) invalid("link name: [A-Za-z0-9_-], 15 at most: " + shown(link));
+    // The port's address is its only one: an earlier element of this address (a link of a
+    // sandbox whose address was handed out again) goes in the same transaction.
+    run_listing(
+        [&] {
+            return delete_bridge_command(config_.table, elements_of("ports4", ip)) +
+                   "add element bridge " + config_.table + " ports4 { \"" + link + "\" . " + ip +
+                   " }\nadd element bridge " + config_.table + " links { \"" + link + "\" }\n";
+        },
+        "set_port");
+}
 
 void NftTable::clear_allowed(const std::string& sandbox_ip) {
     const std::string ip = checked_sandbox(sandbox_ip);
@@ -557,7 +626,8 @@ void NftTable::forget(const std::string& sandbox_ip) {
         [&] {
             return "add " + element + "delete " + element + "add " + listed + "delete " + listed +
                    delete_command(config_.table, "allow4", elements_of("allow4", ip)) +
-                   delete_command(config_.table, "hostports4", elements_of("hostports4", ip));
+                   delete_command(config_.table, "hostports4", elements_of("hostports4", ip)) +
+                   delete_bridge_command(config_.table, elements_of("ports4", ip));
         },
         "forget");
 }

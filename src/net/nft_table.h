@@ -1,11 +1,12 @@
 // berth's own nftables table: what sandboxes on berth's bridge may reach, enforced on the
 // host side, where a sandbox's root cannot change it.
 //
-// One `table inet NAME` holds everything; every command this class sends names that table
-// (but exists()'s, which lists the names of the inet tables), so no other table of the
-// host's ruleset is flushed or rewritten. A sandbox is known by its IPv4 address on the
-// bridge, and its state lives in four sets (public4: may reach anything; allow4: source .
-// destination . protocol . port; listed4: allowlisted sandboxes, whose established
+// One `table inet NAME` holds everything but the anti-spoofing filter, which sits in
+// `table bridge NAME` (only the bridge family sees which port a frame came in by); every
+// command this class sends names those tables (but exists()'s, which lists the names of the
+// inet tables), so no other table of the host's ruleset is flushed or rewritten. A sandbox is known
+// by its IPv4 address on the bridge, and its state lives in four sets (public4: may reach anything;
+// allow4: source . destination . protocol . port; listed4: allowlisted sandboxes, whose established
 // connections stay; hostports4: host loopback ports), so granting and revoking
 // is an element change, never a rule change; the kernel checks membership on every packet,
 // so revoking also cuts connections already established.
@@ -85,6 +86,9 @@ class NftTable {
     void clear_allowed(const std::string& sandbox_ip);
     // The host loopback TCP ports the sandbox may reach at host_address: replaces its set.
     void set_host_ports(const std::string& sandbox_ip, const std::vector<uint16_t>& ports);
+    // The sandbox's veth (its host end, a port of the bridge) and its address: frames from
+    // that port with another source address are dropped (the bridge table's ports4).
+    void set_port(const std::string& sandbox_ip, const std::string& link);
     // Removes the sandbox from every set (it is being deleted).
     void forget(const std::string& sandbox_ip);
 

@@ -112,6 +112,18 @@ void check_no_clash(const Subnet& subnet, const std::string& bridge) {
     }
 }
 
+// 02:62 (locally administered, unicast; 0x62 is 'b') and four bytes of a hash of the name.
+std::array<uint8_t, 6> bridge_mac(const std::string& name) {
+    uint32_t h = 2166136261u;  // FNV-1a
+    for (unsigned char c : name) h = (h ^ c) * 16777619u;
+    return {0x02,
+            0x62,
+            static_cast<uint8_t>(h >> 24),
+            static_cast<uint8_t>(h >> 16),
+            static_cast<uint8_t>(h >> 8),
+            static_cast<uint8_t>(h)};
+}
+
 // The host end of a sandbox's veth: "bh" and the first 12 hex digits of its id (15 bytes
 // at most). The sandbox end is eth0, inside its namespace.
 std::string host_link(const std::string& sandbox_id) {
@@ -203,6 +215,7 @@ class RootNetwork final : public HostNetwork {
         ensure_ready();
         used_.insert(ip);
         a.linked = true;
+        table_->set_port(a.address, host_link(a.sandbox_id));
         table_->set_host_ports(a.address, a.host_ports);
         apply(a.address, a.policy);
     }
@@ -264,6 +277,7 @@ class RootNetwork final : public HostNetwork {
         a.linked = true;
         host_nl_.set_master(host, config_.bridge);
         host_nl_.set_isolated(host);
+        table_->set_port(a.address, host);
         host_nl_.set_up(host);
         Netlink inside = Netlink::in_netns(netns_fd);
         inside.add_address("eth0", a.address, subnet_.prefix);
@@ -323,6 +337,11 @@ class RootNetwork final : public HostNetwork {
         } catch (const Error& e) {
             if (e.kind() != Error::Kind::already_exists) throw;
         }
+        // A fixed address of its own, the same at every start (made from its name): were it
+        // the lowest of its ports' (a bridge's default), it would change as sandboxes come
+        // and go, and a running sandbox's ARP entry for the gateway would then point at an
+        // address the bridge no longer answers to -- its packets silently lost.
+        host_nl_.set_mac(config_.bridge, bridge_mac(config_.bridge));
         host_nl_.set_up(config_.bridge);
         // Routing between the bridge and the host's uplinks (Docker sets it too).
         write_file("/proc/sys/net/ipv4/ip_forward", "1");

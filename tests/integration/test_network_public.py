@@ -66,6 +66,7 @@ def net_daemon(base_dir):
     problems = d.cleanup()
     sh("ip", "link", "del", bridge, check=False)
     sh("nft", "delete", "table", "inet", bridge, check=False)
+    sh("nft", "delete", "table", "bridge", bridge, check=False)
     assert not problems, "\n".join(problems)
 
 

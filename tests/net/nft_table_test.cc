@@ -135,7 +135,7 @@ TEST_F(NftTableTest, CreateTwiceReplacesTheTable) {
     table.set_public(kSandboxA, true);
     table.create();
     EXPECT_EQ(table.list(), fresh);  // the same table again, its sets empty
-    EXPECT_EQ(table_names(), Set{"inet berth_t"});
+    EXPECT_EQ(table_names(), (Set{"bridge berth_t", "inet berth_t"}));
 }
 
 TEST_F(NftTableTest, ListShowsTheChainsAndSets) {
@@ -331,7 +331,7 @@ TEST_F(NftTableTest, ArgumentsAreValidatedBeforeAnyCommand) {
     error_of([&] { table.set_host_ports(kSandboxA, {80, 0}); });
 
     EXPECT_EQ(table.list(), before);
-    EXPECT_EQ(table_names(), (Set{"inet berth_t", "inet other"}));
+    EXPECT_EQ(table_names(), (Set{"bridge berth_t", "inet berth_t", "inet other"}));
     EXPECT_NE(nft("list table inet other").find("192.0.2.1"), std::string::npos);
 }
 
@@ -342,7 +342,7 @@ TEST_F(NftTableTest, DestroyRemovesOnlyItsTable) {
     NftTable table(test_config());
     table.destroy();  // absent: no error
     table.create();
-    EXPECT_EQ(table_names(), (Set{"inet berth_t", "inet other", "ip berth_t"}));
+    EXPECT_EQ(table_names(), (Set{"bridge berth_t", "inet berth_t", "inet other", "ip berth_t"}));
     table.destroy();
     EXPECT_FALSE(table.exists());
     EXPECT_EQ(table_names(), (Set{"inet other", "ip berth_t"}));
@@ -407,9 +407,9 @@ class NftPacketTest : public NftTableTest {
         // and vanish, so an allowed connect stays pending rather than being refused).
         sh("ip link set lo up && ip link add berth-br0 type bridge && "
            "ip addr add 10.88.0.1/16 dev berth-br0 && ip link set berth-br0 up && "
-           "ip link add veth-h type veth peer name veth-s netns /proc/" +
+           "ip link add bhtest0 type veth peer name veth-s netns /proc/" +
            std::to_string(::getpid()) + "/fd/" + std::to_string(sandbox_.get()) +
-           " && ip link set veth-h master berth-br0 up && "
+           " && ip link set bhtest0 master berth-br0 up && "
            "ip link add out-h type veth peer name out-x && ip link set out-x up && "
            "ip addr add 192.0.2.1/24 dev out-h && ip link set out-h up && "
            "ip neigh add 192.0.2.9 lladdr 02:00:00:00:00:09 dev out-h && "
@@ -424,10 +424,15 @@ class NftPacketTest : public NftTableTest {
     // A TCP connect from the sandbox: 0 when it connects, its errno when it fails, and
     // EINPROGRESS when neither has happened within `wait`.
     int connect_from_sandbox(const char* ip, uint16_t port, std::chrono::milliseconds wait,
-                             UniqueFd* keep = nullptr) {
+                             UniqueFd* keep = nullptr, const char* source = nullptr) {
         enter(sandbox_);
         UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
         enter(host_);
+        if (source) {
+            const sockaddr_in from = address(source, 0);
+            if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&from), sizeof from) != 0)
+                return errno;
+        }
         const sockaddr_in sa = address(ip, port);
         if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0) return 0;
         if (errno != EINPROGRESS) return errno;
@@ -451,6 +456,7 @@ TEST_F(NftPacketTest, RefusedAtOnceAndAllowedBySet) {
 
     NftTable table(test_config());
     table.create();
+    table.set_port(kSandboxA, "bhtest0");
     const auto start = std::chrono::steady_clock::now();
     EXPECT_EQ(connect_from_sandbox("192.0.2.9", 80, 2s), ECONNREFUSED);  // a reset, not a drop
     EXPECT_EQ(connect_from_sandbox("10.88.0.1", 7000, 2s), ECONNREFUSED);
@@ -485,6 +491,33 @@ TEST_F(NftPacketTest, RefusedAtOnceAndAllowedBySet) {
     const int err = errno;
     EXPECT_EQ(n, -1);
     EXPECT_EQ(err, ECONNRESET) << std::strerror(err);
+}
+
+TEST_F(NftPacketTest, ASandboxPortSpeaksOnlyWithItsOwnAddress) {
+    UniqueFd service = listener("0.0.0.0", 7000);
+    NftTable table(test_config());
+    table.create();
+    table.set_port(kSandboxA, "bhtest0");
+    EXPECT_EQ(connect_from_sandbox("192.0.2.9", 80, 2s), ECONNREFUSED);  // A's own: routed
+    // B is public; A's root takes B's address as a second one on its own link: its frames
+    // still come in by A's port, and are dropped there (no reset either: nothing answers).
+    table.set_public(kSandboxB, true);
+    enter(sandbox_);
+    sh("ip addr add 10.88.0.3/16 dev veth-s");
+    enter(host_);
+    EXPECT_EQ(connect_from_sandbox("192.0.2.9", 81, 500ms, nullptr, kSandboxB), EINPROGRESS);
+    EXPECT_EQ(connect_from_sandbox("10.88.0.1", 7000, 500ms, nullptr, kSandboxB), EINPROGRESS);
+    // Were B's address this port's, its public egress would pass (the set decides).
+    table.set_port(kSandboxB, "bhtest0");
+    EXPECT_EQ(connect_from_sandbox("192.0.2.9", 81, 300ms, nullptr, kSandboxB), EINPROGRESS);
+    EXPECT_EQ(connect_from_sandbox("10.88.0.1", 7000, 2s, nullptr, kSandboxB), ECONNREFUSED);
+    table.forget(kSandboxB);
+    std::string listed = nft("list set bridge berth_t ports4", false);
+    EXPECT_EQ(listed.find("10.88.0.3"), std::string::npos) << listed;
+    EXPECT_NE(listed.find("10.88.0.2"), std::string::npos) << listed;
+    table.forget(kSandboxA);
+    listed = nft("list table bridge berth_t", false);
+    EXPECT_EQ(listed.find("bhtest0"), std::string::npos) << listed;
 }
 
 }  // namespace
