@@ -13,6 +13,7 @@
 
 #include "net/allow_entry.h"
 #include "net/etc_files.h"
+#include "net/nft_table.h"
 
 namespace berth::net {
 
@@ -36,6 +37,8 @@ struct Attachment {
     // The host's loopback TCP ports the sandbox reaches at host.berth.internal, in every
     // mode; fixed at create.
     std::vector<uint16_t> host_ports;
+    // Host address:port pairs whose TCP connections go to the sandbox (-p); fixed at create.
+    std::vector<PublishedPort> published;
     // IPv4 on berth's bridge. A sandbox made in `none` without host ports has none (and no
     // link) until a policy with a network is set.
     std::string address;
@@ -48,8 +51,11 @@ class HostNetwork {
     // What a new sandbox gets (an address, unless it is `none` without host ports): nothing
     // is made yet. Throws Error(invalid_argument / failed_precondition) for a policy this
     // network cannot enforce.
+    // Published ports are taken on the host here (bound, so that no host service or other
+    // sandbox has them): one in use is refused with Error(already_exists).
     virtual Attachment reserve(const std::string& sandbox_id, const Policy& policy,
-                               const std::vector<uint16_t>& host_ports) = 0;
+                               const std::vector<uint16_t>& host_ports,
+                               const std::vector<PublishedPort>& published) = 0;
     // Makes it, if it has an address: a veth whose sandbox end (eth0, with the address and a
     // default route) is created inside `netns_fd`, and the rules of its policy.
     virtual void attach(Attachment& a, int netns_fd) = 0;

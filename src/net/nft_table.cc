@@ -166,6 +166,14 @@ std::pair<std::string, std::string> element_text(const char* set, const json& el
                     json_proto(set, fields[2]) + " . " + json_port_interval(set, fields[3]),
                 src};
     }
+    if (name == "published4" && element.is_array() && element.size() == 2) {
+        const json& k = element[0].is_object() ? element[0].value("concat", json()) : json();
+        const json& v = element[1].is_object() ? element[1].value("concat", json()) : json();
+        if (k.is_array() && k.size() == 2 && v.is_array() && v.size() == 2) {
+            std::string src = json_ipv4(set, v[0]);
+            return {json_ipv4(set, k[0]) + " . " + json_port(set, k[1]), src};
+        }
+    }
     if (name == "ports4" && fields.is_array() && fields.size() == 2 && fields[0].is_string() &&
         is_name(fields[0].get<std::string>())) {
         std::string src = json_ipv4(set, fields[1]);
@@ -276,6 +284,8 @@ table inet @TABLE@ {
     flags interval,timeout
   }
   set hostports4 { type ipv4_addr . inet_service; }
+  # Published ports: host address . host port : sandbox address . its port (TCP).
+  map published4 { type ipv4_addr . inet_service : ipv4_addr . inet_service; }
 
   # The filter chains run at filter - 10, before the usual priority-0 chains (iptables-nft's,
   # firewalld's, Docker's). In nftables an accept ends only its own chain and any other chain
@@ -345,6 +355,15 @@ table inet @TABLE@ {
   chain prerouting {
     type nat hook prerouting priority dstnat; policy accept;
     iifname "@BRIDGE@" ip daddr @HOST@ ip saddr . tcp dport @hostports4 dnat ip to 127.0.0.1
+    # A published port, from outside the host (never from a sandbox: sandboxes do not
+    # reach each other, published or not; theirs goes on to input and is refused).
+    iifname != "@BRIDGE@" meta l4proto tcp dnat ip to ip daddr . tcp dport map @published4
+  }
+
+  # A published port, from the host itself (127.0.0.1:PORT, the default).
+  chain output {
+    type nat hook output priority -100; policy accept;
+    meta l4proto tcp dnat ip to ip daddr . tcp dport map @published4
   }
 
   # A host port taken away: its open connections are reset here, before DNAT, while their
@@ -352,7 +371,7 @@ table inet @TABLE@ {
   # and that one never reaches the sandbox: the connection would hang instead.)
   chain host_ports {
     type filter hook prerouting priority dstnat - 10; policy accept;
-    iifname "@BRIDGE@" ct status dnat ip daddr @HOST@ ip saddr . tcp dport != @hostports4 reject with tcp reset
+    iifname "@BRIDGE@" ct direction original ct status dnat ip daddr @HOST@ ip saddr . tcp dport != @hostports4 reject with tcp reset
   }
 
   # What leaves by another interface leaves with the host's address; only what the filter
@@ -360,6 +379,10 @@ table inet @TABLE@ {
   chain postrouting {
     type nat hook postrouting priority srcnat; policy accept;
     ip saddr @SUBNET@ oifname != "@BRIDGE@" masquerade
+    # A published port reached from the host's loopback: the sandbox would answer 127.0.0.1
+    # to its own loopback, so such a connection comes from the gateway instead. (The bridge's
+    # route_localnet lets the loopback-sourced packet be routed there first.)
+    oifname "@BRIDGE@" ct status dnat ip saddr 127.0.0.0/8 masquerade
   }
 }
 table bridge @TABLE@
@@ -492,15 +515,17 @@ void NftTable::add_allowed(const std::string& sandbox_ip, const std::vector<Allo
 
 std::vector<std::string> NftTable::elements_of(const char* set, const std::string& sandbox_ip) {
     const char* family = std::string_view(set) == "ports4" ? "bridge " : "inet ";
+    const char* kind = std::string_view(set) == "published4" ? "map " : "set ";
     const std::string out =
-        run(std::string("list set ") + family + config_.table + " " + set, "list set",
+        run(std::string("list ") + kind + family + config_.table + " " + set, "list set",
             /*json=*/true);
     std::vector<std::string> found;
     try {
         const json listing = json::parse(out);
         for (const json& item : listing.at("nftables")) {
-            if (!item.contains("set") || !item["set"].contains("elem")) continue;
-            for (const json& element : item["set"]["elem"]) {
+            const char* key = item.contains("map") ? "map" : "set";
+            if (!item.contains(key) || !item[key].contains("elem")) continue;
+            for (const json& element : item[key]["elem"]) {
                 auto [text, src] = element_text(set, element);
                 if (src == sandbox_ip) found.push_back(std::move(text));
             }
@@ -618,6 +643,24 @@ void NftTable::set_host_ports(const std::string& sandbox_ip, const std::vector<u
         "set_host_ports");
 }
 
+void NftTable::set_published(const std::string& sandbox_ip,
+                             const std::vector<PublishedPort>& ports) {
+    const std::string ip = checked_sandbox(sandbox_ip);
+    std::vector<std::string> elements;
+    for (const PublishedPort& p : ports) {
+        if (p.host_port == 0 || p.port == 0) invalid("published port 0: not a port");
+        elements.push_back(checked_ipv4(p.host_ip, "published host address") + " . " +
+                           std::to_string(p.host_port) + " : " + ip + " . " +
+                           std::to_string(p.port));
+    }
+    run_listing(
+        [&] {
+            return delete_command(config_.table, "published4", elements_of("published4", ip)) +
+                   add_command(config_.table, "published4", elements);
+        },
+        "set_published");
+}
+
 void NftTable::forget(const std::string& sandbox_ip) {
     const std::string ip = checked_sandbox(sandbox_ip);
     const std::string element = "element inet " + config_.table + " public4 { " + ip + " }\n";
@@ -627,6 +670,7 @@ void NftTable::forget(const std::string& sandbox_ip) {
             return "add " + element + "delete " + element + "add " + listed + "delete " + listed +
                    delete_command(config_.table, "allow4", elements_of("allow4", ip)) +
                    delete_command(config_.table, "hostports4", elements_of("hostports4", ip)) +
+                   delete_command(config_.table, "published4", elements_of("published4", ip)) +
                    delete_bridge_command(config_.table, elements_of("ports4", ip));
         },
         "forget");

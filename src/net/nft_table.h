@@ -56,6 +56,13 @@ struct AllowRule {
     std::optional<std::chrono::seconds> timeout{};
 };
 
+// A host address and TCP port whose connections go to the sandbox's `port`.
+struct PublishedPort {
+    std::string host_ip{};
+    uint16_t host_port = 0;
+    uint16_t port = 0;
+};
+
 class NftTable {
   public:
     // Validates `config` (throws berth::Error, invalid_argument) and opens a libnftables
@@ -89,6 +96,10 @@ class NftTable {
     // The sandbox's veth (its host end, a port of the bridge) and its address: frames from
     // that port with another source address are dropped (the bridge table's ports4).
     void set_port(const std::string& sandbox_ip, const std::string& link);
+    // The sandbox's published ports: replaces its entries of the published4 map. (The caller
+    // makes sure a host address and port is published once: the kernel refuses a duplicate
+    // key.)
+    void set_published(const std::string& sandbox_ip, const std::vector<PublishedPort>& ports);
     // Removes the sandbox from every set (it is being deleted).
     void forget(const std::string& sandbox_ip);
 

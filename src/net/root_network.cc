@@ -4,13 +4,17 @@
 // sandboxes in the `public4` set, reject the rest at once.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <sstream>
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/unique_fd.h"
 #include "net/host_network.h"
 #include "net/netlink.h"
 #include "net/nft_table.h"
@@ -145,12 +149,20 @@ class RootNetwork final : public HostNetwork {
     }
 
     Attachment reserve(const std::string& sandbox_id, const Policy& policy,
-                       const std::vector<uint16_t>& host_ports) override {
+                       const std::vector<uint16_t>& host_ports,
+                       const std::vector<PublishedPort>& published) override {
         for (uint16_t port : host_ports)
             if (port == 0)
                 throw Error(Error::Kind::invalid_argument, "host port 0: no program listens there");
-        Attachment a{sandbox_id, policy, host_ports, {}, false};
-        if (policy.mode != Mode::none || !host_ports.empty()) a.address = take_address();
+        Attachment a{sandbox_id, policy, host_ports, published, {}, false};
+        holds_[sandbox_id] = hold_ports(published);
+        try {
+            if (policy.mode != Mode::none || !host_ports.empty() || !published.empty())
+                a.address = take_address();
+        } catch (...) {
+            holds_.erase(sandbox_id);
+            throw;
+        }
         return a;
     }
 
@@ -159,6 +171,7 @@ class RootNetwork final : public HostNetwork {
         ensure_ready();
         make_link(a, netns_fd);
         table_->set_host_ports(a.address, a.host_ports);
+        table_->set_published(a.address, a.published);
         apply(a.address, a.policy);
     }
 
@@ -187,6 +200,7 @@ class RootNetwork final : public HostNetwork {
     }
 
     void release(const Attachment& a) noexcept override {
+        holds_.erase(a.sandbox_id);
         if (a.address.empty()) return;
         try {
             if (ready_) table_->forget(a.address);
@@ -217,6 +231,14 @@ class RootNetwork final : public HostNetwork {
         a.linked = true;
         table_->set_port(a.address, host_link(a.sandbox_id));
         table_->set_host_ports(a.address, a.host_ports);
+        try {
+            holds_[a.sandbox_id] = hold_ports(a.published);
+        } catch (const std::exception& e) {
+            // Taken meanwhile by something else on the host: the DNAT still sends new
+            // connections to the sandbox (the rule comes first), but say so.
+            std::fprintf(stderr, "berth-helper: sandbox %s: %s\n", a.sandbox_id.c_str(), e.what());
+        }
+        table_->set_published(a.address, a.published);
         apply(a.address, a.policy);
     }
 
@@ -262,6 +284,36 @@ class RootNetwork final : public HostNetwork {
     }
 
   private:
+    // Binds each published host address:port (without listening: connections to it are
+    // DNAT'd to the sandbox before any socket sees them), so that a host service that has
+    // the port refuses the publish -- a sandbox must not capture a port the host's own
+    // programs (or another user's) connect to -- and none can take it while it is published.
+    static std::vector<UniqueFd> hold_ports(const std::vector<PublishedPort>& published) {
+        std::vector<UniqueFd> holds;
+        for (const PublishedPort& p : published) {
+            UniqueFd fd(check_sys("socket", "AF_INET SOCK_STREAM",
+                                  [] { return ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0); }));
+            sockaddr_in sa{};
+            sa.sin_family = AF_INET;
+            sa.sin_port = htons(p.host_port);
+            sa.sin_addr.s_addr = htonl(parse_ip(p.host_ip, "published host address"));
+            const std::string where = p.host_ip + ":" + std::to_string(p.host_port);
+            if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+                const int err = errno;
+                if (err == EADDRINUSE)
+                    throw Error(Error::Kind::already_exists,
+                                "publishing " + where + ": the port is in use on the host");
+                if (err == EADDRNOTAVAIL)
+                    throw Error(Error::Kind::invalid_argument,
+                                "publishing " + where + ": " + p.host_ip +
+                                    " is not an address of this host");
+                throw SysError("bind", where, err);
+            }
+            holds.push_back(std::move(fd));
+        }
+        return holds;
+    }
+
     std::string take_address() {
         for (uint32_t ip = subnet_.gateway() + 1; ip < subnet_.broadcast(); ++ip)
             if (used_.insert(ip).second) return ip_text(ip);
@@ -359,6 +411,7 @@ class RootNetwork final : public HostNetwork {
     Netlink host_nl_;
     std::unique_ptr<NftTable> table_;
     std::set<uint32_t> used_;
+    std::map<std::string, std::vector<UniqueFd>> holds_;  // published ports, by sandbox id
     bool ready_ = false;
 };
 

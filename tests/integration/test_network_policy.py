@@ -224,3 +224,54 @@ def test_bad_network_input_is_refused_and_the_daemon_stays_up(net_daemon, busybo
     # Nothing of the refused ones was made, and the daemon answers.
     assert d.cli_ok("exec", sid, "--", "echo", "up") == "up\n"
     assert len(d.cli_ok("ps", "-q").split()) == 1
+
+
+def test_a_published_port_is_reachable_from_the_host_and_held(net_daemon, busybox_rootfs):
+    d = net_daemon
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    host_port = probe.getsockname()[1]
+    probe.close()
+    sid = d.create(busybox_rootfs, "-p", f"{host_port}:8000")
+    info = d.inspect(sid)["sandbox"]
+    assert info["publish"] == [{"host_ip": "127.0.0.1", "host_port": host_port, "port": 8000}], info
+    d.cli_ok("exec", sid, "--", "sh", "-c", "nc -ll -p 8000 -e echo served >/dev/null 2>&1 &")
+
+    def read_from(port):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            return s.recv(100).decode()
+
+    deadline = time.monotonic() + 5
+    while ":8000" not in d.cli_ok("exec", sid, "--", "netstat", "-ltn"):
+        assert time.monotonic() < deadline, "the sandbox's server did not start"
+        time.sleep(0.1)
+    assert read_from(host_port) == "served\n"
+    # The host port is held: no host program can take it while it is published ...
+    taker = socket.socket()
+    with pytest.raises(OSError):
+        taker.bind(("127.0.0.1", host_port))
+    taker.close()
+    # ... nor can a second sandbox publish it, and one in use on the host is refused.
+    r = d.cli("create", "--rootfs", str(busybox_rootfs), "-p", f"{host_port}:9000")
+    assert r.returncode != 0 and "in use on the host" in r.stderr, r
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    r = d.cli("create", "--rootfs", str(busybox_rootfs), "-p", f"{busy.getsockname()[1]}:80")
+    assert r.returncode != 0 and "in use on the host" in r.stderr, r
+    busy.close()
+    for spec, said in (("0.0.0.0:8001:80", "0.0.0.0"), ("8001:0", "not a port"),
+                       ("1.2.3:8001:80", "not an IPv4"), ("x:y", "not a port")):
+        r = d.cli("create", "--rootfs", str(busybox_rootfs), "-p", spec)
+        assert r.returncode != 0 and said in r.stderr, (spec, r)
+    # Another sandbox cannot reach it through the host (sandboxes never reach each other).
+    other = d.create(busybox_rootfs, "--network", "public")
+    gateway = d.inspect(other)["sandbox"]["address"].rsplit(".", 1)[0] + ".1"
+    r = d.cli("exec", other, "--", "nc", "-w", "2", gateway, str(host_port), timeout=20)
+    assert "served" not in r.stdout, r
+    # Deleting it frees the port and its map entry.
+    d.cli_ok("rm", sid)
+    again = socket.socket()
+    again.bind(("127.0.0.1", host_port))
+    again.close()
+    assert str(host_port) not in sh("nft", "list", "map", "inet", d.bridge, "published4").stdout

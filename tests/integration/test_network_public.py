@@ -136,7 +136,12 @@ def test_public_sandboxes_do_not_reach_each_other_or_the_hosts_services(
     a = d.create(busybox_rootfs, "--network", "public")
     b = d.create(busybox_rootfs, "--network", "public")
     b_addr = d.inspect(b)["sandbox"]["address"]
-    d.cli_ok("exec", b, "--", "sh", "-c", "nc -lk -p 9000 -e echo hi >/dev/null 2>&1 &")
+    d.cli_ok("exec", b, "--", "sh", "-c", "nc -ll -p 9000 -e echo hi >/dev/null 2>&1 &")
+    # (b serves: it answers itself.)
+    deadline = time.monotonic() + 5
+    while "hi" not in d.cli("exec", b, "--", "sh", "-c", f"nc -w 2 {b_addr} 9000").stdout:
+        assert time.monotonic() < deadline, "b's server did not start"
+        time.sleep(0.1)
     r = d.cli("exec", a, "--", "sh", "-c", f"echo | nc -w 2 {b_addr} 9000", timeout=30)
     assert "hi" not in r.stdout, r
     # The host's own services on the bridge's address and on its other addresses: refused.

@@ -52,10 +52,37 @@ v1::NetworkMode network_mode(const std::string& name) {
     throw std::invalid_argument("--network '" + name + "': give none, public or allowlist");
 }
 
+// "[HOSTIP:]HOSTPORT:PORT[/tcp]", as docker's -p (TCP only).
+v1::PublishedPort published_port(std::string spec) {
+    const std::string given = spec;
+    if (spec.size() > 4 && spec.substr(spec.size() - 4) == "/tcp") spec.resize(spec.size() - 4);
+    auto bad = [&](const std::string& why) {
+        return std::invalid_argument("-p '" + given + "': " + why);
+    };
+    std::vector<std::string> parts;
+    size_t start = 0;
+    for (size_t colon; (colon = spec.find(':', start)) != std::string::npos; start = colon + 1)
+        parts.push_back(spec.substr(start, colon - start));
+    parts.push_back(spec.substr(start));
+    if (parts.size() < 2 || parts.size() > 3) throw bad("give [HOSTIP:]HOSTPORT:PORT");
+    auto port = [&](const std::string& text) -> uint32_t {
+        if (text.empty() || text.size() > 5 ||
+            text.find_first_not_of("0123456789") != std::string::npos)
+            throw bad("'" + text + "' is not a port");
+        return static_cast<uint32_t>(std::stoul(text));
+    };
+    v1::PublishedPort p;
+    if (parts.size() == 3) p.set_host_ip(parts[0]);
+    p.set_host_port(port(parts[parts.size() - 2]));
+    p.set_port(port(parts.back()));
+    return p;
+}
+
 struct CreateOptions {
     std::string image, rootfs, name, hostname, memory, workdir, storage, network = "none";
     std::vector<std::string> allow;
     std::vector<uint32_t> host_ports;
+    std::vector<std::string> publish;
     double cpus = 0;
     uint64_t pids = 0;
     bool storage_given = false;
@@ -89,6 +116,9 @@ struct CreateOptions {
         cmd->add_option("--host-port", host_ports,
                         "a TCP port of the host's 127.0.0.1 the sandbox reaches at "
                         "host.berth.internal, in every network mode (repeatable)");
+        cmd->add_option("-p,--publish", publish,
+                        "[HOSTIP:]HOSTPORT:PORT: the host's HOSTIP:HOSTPORT (default 127.0.0.1) "
+                        "goes to the sandbox's TCP PORT (repeatable)");
         cmd->add_option("--owner", owner,
                         "root only: the host uid the sandbox belongs to (default: yours)");
         cmd->add_option("--sandbox-workdir", workdir,
@@ -114,6 +144,7 @@ struct CreateOptions {
         c.set_network(network_mode(network));
         for (const auto& entry : allow) c.add_allow(entry);
         for (uint32_t port : host_ports) c.add_host_ports(port);
+        for (const auto& spec : publish) *c.add_publish() = published_port(spec);
         c.set_persistent(persistent);
         c.set_workdir(workdir);
         if (owner) c.set_owner_uid(*owner);

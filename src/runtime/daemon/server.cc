@@ -376,6 +376,16 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
                             "owner_uid: only root may create a sandbox for another user");
         return;
     }
+    // The host's privileged ports are root's, as for a program on the host (a group member
+    // publishing :80 or :443 would take what the host's own services are known by).
+    for (const auto& p : req.publish()) {
+        if (p.host_port() > 0 && p.host_port() < 1024 && !session->root()) {
+            session->send_error(id, v1::PERMISSION_DENIED,
+                                "publish: host port " + std::to_string(p.host_port()) +
+                                    " is below 1024: only root may publish it");
+            return;
+        }
+    }
     const uid_t owner = req.has_owner_uid() ? req.owner_uid() : session->uid;
     if (!req.name().empty() &&
         (registry_.name_taken(req.name()) || pending_names_.count(req.name()))) {
@@ -424,6 +434,7 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
     c->set_network(req.network());      // the helper refuses what it does not know
     *c->mutable_allow() = req.allow();  // and parses and checks these
     *c->mutable_host_ports() = req.host_ports();
+    *c->mutable_publish() = req.publish();
     const uint64_t memory = r.memory_bytes() ? r.memory_bytes() : config_.budget.default_memory;
     const uint64_t pids = r.pids() ? r.pids() : config_.budget.default_pids;
     c->mutable_limits()->set_memory_bytes(memory);
@@ -481,6 +492,10 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
         info.set_address(created.address());
         *info.mutable_allow() = created.allow();
         *info.mutable_host_ports() = req.host_ports();
+        for (auto p : req.publish()) {
+            if (p.host_ip().empty()) p.set_host_ip("127.0.0.1");
+            *info.add_publish() = p;
+        }
         const std::string sandbox_id = info.id();
         Sandbox& sandbox =
             registry_.add(std::move(info), created.init_socket(), created.init_start_time());

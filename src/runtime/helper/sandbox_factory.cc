@@ -1,5 +1,6 @@
 #include "runtime/helper/sandbox_factory.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -241,11 +242,15 @@ class StepTimer {
 // a policy change). The file is the helper's own (root's, in its runtime dir); what does not
 // parse is taken as `none`, whose rules give nothing.
 net::Attachment attachment_from_state(const std::string& id, const nlohmann::json& j) {
-    net::Attachment a{id, {}, {}, {}, false};
+    net::Attachment a{id, {}, {}, {}, {}, false};
     try {
         a.address = j.value("address", std::string());
         a.linked = !a.address.empty();
         a.host_ports = j.value("host_ports", std::vector<uint16_t>());
+        for (const auto& p : j.value("published", nlohmann::json::array()))
+            a.published.push_back({p.at("host_ip").get<std::string>(),
+                                   p.at("host_port").get<uint16_t>(),
+                                   p.at("port").get<uint16_t>()});
         a.policy.mode = net::parse_mode(j.value("network", std::string("none")));
         a.policy.allow = net::parse_allow_entries(j.value("allow", std::vector<std::string>()));
     } catch (const std::exception& e) {
@@ -254,6 +259,13 @@ net::Attachment attachment_from_state(const std::string& id, const nlohmann::jso
         a.policy = {};
     }
     return a;
+}
+
+nlohmann::json published_json(const std::vector<net::PublishedPort>& published) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& p : published)
+        out.push_back({{"host_ip", p.host_ip}, {"host_port", p.host_port}, {"port", p.port}});
+    return out;
 }
 
 std::vector<std::string> allow_texts(const net::Policy& policy) {
@@ -470,6 +482,7 @@ struct SandboxFactory::CreatePlan {
     cgroup::Limits limits;
     net::Policy network;
     std::vector<uint16_t> host_ports;  // sorted, once each
+    std::vector<net::PublishedPort> published;
 };
 
 // Where a sandbox's writes go: the overlay's upper and work directories.
@@ -496,6 +509,35 @@ SandboxFactory::CreatePlan SandboxFactory::plan_create(const v1::helper::Create&
         ports.insert(static_cast<uint16_t>(port));
     }
     plan.host_ports.assign(ports.begin(), ports.end());
+    if (req.publish_size() > 64)
+        throw HelperError(kInvalidArgument,
+                          "at most 64 published ports, not " + std::to_string(req.publish_size()));
+    std::set<std::pair<std::string, uint32_t>> published;
+    for (const auto& p : req.publish()) {
+        const std::string host_ip = p.host_ip().empty() ? "127.0.0.1" : p.host_ip();
+        in_addr a{};
+        if (host_ip.size() > 15 || ::inet_pton(AF_INET, host_ip.c_str(), &a) != 1)
+            throw HelperError(kInvalidArgument, "published host address '" + host_ip.substr(0, 40) +
+                                                    "': not an IPv4 address");
+        if (a.s_addr == 0)
+            throw HelperError(kInvalidArgument,
+                              "publishing on 0.0.0.0 (every address) is not offered: name the "
+                              "host address to publish on");
+        for (uint32_t port : {p.host_port(), p.port()})
+            if (port < 1 || port > 65535)
+                throw HelperError(kInvalidArgument, "published port " + std::to_string(port) +
+                                                        ": not a port (1-65535)");
+        if (!published.insert({host_ip, p.host_port()}).second)
+            throw HelperError(kInvalidArgument, "host port " + host_ip + ":" +
+                                                    std::to_string(p.host_port()) +
+                                                    " is published twice");
+        plan.published.push_back(
+            {host_ip, static_cast<uint16_t>(p.host_port()), static_cast<uint16_t>(p.port())});
+    }
+    if (!plan.published.empty() && !network_)
+        throw HelperError(kFailedPrecondition,
+                          "this berthd offers no network, and published ports need one (see "
+                          "berthd --bridge)");
     if (!plan.host_ports.empty() && !network_)
         throw HelperError(kFailedPrecondition,
                           "this berthd offers no network, and host ports need one (see berthd "
@@ -726,7 +768,17 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     UniqueFd overlay = make_root_mount(plan, layer, *live);
     timer.mark("overlay");
     if (network_) {
-        live->net = network_->reserve(id, plan.network, plan.host_ports);
+        try {
+            live->net = network_->reserve(id, plan.network, plan.host_ports, plan.published);
+        } catch (const HelperError&) {
+            throw;
+        } catch (const Error& e) {
+            throw HelperError(e.kind() == Error::Kind::already_exists       ? v1::ALREADY_EXISTS
+                              : e.kind() == Error::Kind::invalid_argument   ? kInvalidArgument
+                              : e.kind() == Error::Kind::resource_exhausted ? v1::RESOURCE_EXHAUSTED
+                                                                            : kInternal,
+                              e.what());
+        }
         undo.push([this, &live] { network_->release(live->net); });
     }
     start_init(plan, req.hostname(), std::move(control), std::move(overlay), *live, undo, timer);
@@ -759,6 +811,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         {"address", live->net.address},
         {"allow", allow_texts(live->net.policy)},
         {"host_ports", live->net.host_ports},
+        {"published", published_json(live->net.published)},
     };
     // Written after the reply is sent (run_deferred): it is only read by a daemon that
     // restarts, and a file write is a good part of a create's time.
