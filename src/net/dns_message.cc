@@ -77,8 +77,11 @@ bool plain_char(uint8_t c) {
 
 // Reads the (possibly compressed) name at `at`. On success `*end` is where the record goes
 // on after the name (after its first pointer, if any) and `*text` is its presentation form
-// (see Question::name). Pointers must point before the label they appear in: each jump then
-// goes strictly backwards, so no name loops, and kMaxPointers bounds the jumps anyway.
+// (see Question::name). A pointer must point to a name that lies wholly before it (a prior
+// occurrence, as RFC 1035 4.1.4 has it): what follows a jump must end before the pointer
+// that made it. Each jump then goes strictly backwards, so no name loops (kMaxPointers
+// bounds the jumps anyway), and a message cut after any record still holds every name of
+// the records before the cut (the fuzzer found a name that ran on into later records).
 bool read_name(std::span<const uint8_t> m, size_t at, std::string* text, size_t* end,
                std::string* error, bool allow_pointers = true) {
     text->clear();
@@ -86,22 +89,29 @@ bool read_name(std::span<const uint8_t> m, size_t at, std::string* text, size_t*
     size_t wire_length = 1;  // the root label
     int jumps = 0;
     std::optional<size_t> after;
+    size_t limit = m.size();  // where the name must end: the last pointer followed
     for (;;) {
-        if (pos >= m.size()) return fail(error, "name runs past the message");
+        if (pos >= limit) {
+            return fail(error, limit == m.size() ? "name runs past the message"
+                                                 : "compressed name runs past its pointer");
+        }
         const uint8_t len = m[pos];
         if ((len & 0xc0) == 0xc0) {
             if (!allow_pointers) return fail(error, "compression pointer in a query's question");
-            if (pos + 1 >= m.size()) return fail(error, "compression pointer cut short");
+            if (pos + 1 >= limit) return fail(error, "compression pointer cut short");
             const size_t target = static_cast<size_t>(len & 0x3f) << 8 | m[pos + 1];
             if (target >= pos) return fail(error, "compression pointer does not point back");
+            // (No name starts in the header: one that "does" changes when the id is rewritten.)
+            if (target < kHeaderSize) return fail(error, "compression pointer into the header");
             if (++jumps > kMaxPointers) return fail(error, "too many compression pointers");
             if (!after) after = pos + 2;
+            limit = pos;
             pos = target;
             continue;
         }
         if (len & 0xc0) return fail(error, "unknown label type");
         if (len == 0) break;
-        if (pos + 1 + len > m.size()) return fail(error, "label runs past the message");
+        if (pos + 1 + len > limit) return fail(error, "label runs past the message");
         wire_length += 1 + len;
         if (wire_length > 255) return fail(error, "name longer than 255 bytes");
         if (!text->empty()) text->push_back('.');

@@ -4,7 +4,8 @@
 //
 // Every byte here is untrusted: a query comes from a sandbox, a response from whoever can
 // reach the upstream socket. Parsing never reads past the span, follows only compression
-// pointers that point backwards (so a name cannot loop) and at most kMaxPointers of them,
+// pointers that point backwards (so a name cannot loop), past the header, and at most
+// kMaxPointers of them,
 // and bounds every count by what the message's size can hold, so the work on a message is
 // linear in its size. Nothing throws: what is refused says why.
 #pragma once

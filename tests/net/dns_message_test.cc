@@ -241,6 +241,19 @@ TEST(DnsMessage, PointerLoopsAndStrayPointersAreRefused) {
     EXPECT_FALSE(r.response);
     EXPECT_TRUE(r.ours);
     EXPECT_EQ(r.error, "compression pointer does not point back");
+    // Into the header (found by the fuzzer: the name would change when the id is rewritten).
+    b.resize(here);
+    rr(b, pointer(0), kTypeA, 1, {1, 2, 3, 4});
+    EXPECT_EQ(parse_response(b, 1, q).error, "compression pointer into the header");
+    // To labels that run on up to the pointer itself (a name must lie wholly before its
+    // pointer: found by the fuzzer, as a name that ran on into the section a reply cuts).
+    b.resize(here);
+    b[7] = 2;
+    const uint16_t labels_at = static_cast<uint16_t>(here + name("x").size() + 10);
+    rr(b, name("x"), 16, 1, {3, 'a', 'b', 'c'});
+    rr(b, pointer(labels_at), kTypeA, 1, {1, 2, 3, 4});
+    EXPECT_EQ(parse_response(b, 1, q).error, "compressed name runs past its pointer");
+    b[7] = 1;
     // Forward and out-of-bounds pointers.
     b.resize(here);
     rr(b, pointer(0x3fff), kTypeA, 1, {1, 2, 3, 4});
