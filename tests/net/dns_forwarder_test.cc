@@ -25,9 +25,14 @@
 #include "base/error.h"
 #include "base/unique_fd.h"
 #include "net/dns_message.h"
+#include "tests/net/dnsmasq.h"
 
 namespace berth::net {
 namespace {
+
+using testing::addr;
+using testing::port_of;
+using testing::udp_socket;
 
 using namespace std::chrono_literals;
 using Bytes = std::vector<uint8_t>;
@@ -47,42 +52,8 @@ const char* const kHosts = R"(198.18.0.10 api.example.com
 198.18.0.16 multi.test
 )";
 
-sockaddr_in addr(const char* ip, uint16_t port) {
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    ::inet_pton(AF_INET, ip, &sa.sin_addr);
-    return sa;
-}
-
-UniqueFd udp_socket(const char* bind_ip, uint16_t port = 0) {
-    UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    const sockaddr_in sa = addr(bind_ip, port);
-    if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0)
-        throw_sys("bind", bind_ip);
-    return fd;
-}
-
-uint16_t port_of(int fd) {
-    sockaddr_in sa{};
-    socklen_t len = sizeof sa;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-    return ntohs(sa.sin_port);
-}
-
 Bytes query(const std::string& name, uint16_t qtype = dns::kTypeA, uint16_t id = 0x4242) {
-    Bytes b = {
-        static_cast<uint8_t>(id >> 8), static_cast<uint8_t>(id), 0x01, 0, 0, 1, 0, 0, 0, 0, 0, 0};
-    size_t start = 0;
-    while (start < name.size()) {
-        size_t dot = name.find('.', start);
-        if (dot == std::string::npos) dot = name.size();
-        b.push_back(static_cast<uint8_t>(dot - start));
-        b.insert(b.end(), name.begin() + start, name.begin() + dot);
-        start = dot + 1;
-    }
-    b.insert(b.end(), {0, static_cast<uint8_t>(qtype >> 8), static_cast<uint8_t>(qtype), 0, 1});
-    return b;
+    return testing::dns_query(name, qtype, id);
 }
 
 struct Answer {
@@ -120,65 +91,9 @@ struct Learned {
 class DnsForwarderTest : public ::testing::Test {
   protected:
     void SetUp() override {
-        if (::access("/usr/sbin/dnsmasq", X_OK) != 0) GTEST_SKIP() << "no dnsmasq";
-        char tmpl[] = "/tmp/berth-dns-test-XXXXXX";
-        ASSERT_NE(::mkdtemp(tmpl), nullptr);
-        dir_ = tmpl;
-        std::ofstream(dir_ + "/hosts") << kHosts;
-        start_dnsmasq();
-    }
-    void TearDown() override {
-        forwarder_.reset();
-        if (dnsmasq_) dnsmasq_.kill_and_wait();
-        if (!dir_.empty()) std::filesystem::remove_all(dir_);
-    }
-
-    void start_dnsmasq() {
-        // A free port: the kernel's pick for a socket closed again (dnsmasq binds it a moment
-        // later; nothing else on a test machine races for loopback ports).
-        upstream_port_ = port_of(udp_socket("127.0.0.1").get());
-        std::vector<std::string> args = {
-            "/usr/sbin/dnsmasq",
-            "--no-daemon",
-            "--conf-file=/dev/null",
-            "--port=" + std::to_string(upstream_port_),
-            "--listen-address=127.0.0.1",
-            "--bind-interfaces",
-            "--no-resolv",
-            "--no-hosts",
-            "--addn-hosts=" + dir_ + "/hosts",
-            "--local-ttl=1",
-            "--pid-file",
-            "--log-queries",
-            "--log-facility=" + dir_ + "/log",
-        };
-        // (As root it would drop to nobody, who may not write the log here.)
-        if (::geteuid() == 0) args.push_back("--user=root");
-        dnsmasq_ = ChildProcess::fork("dnsmasq", {}, [&] {
-            std::vector<char*> argv;
-            for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-            argv.push_back(nullptr);
-            // (It logs to stderr too: the test's output is the test's.)
-            const int null = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-            ::dup2(null, 2);
-            ::execv(argv[0], argv.data());
-            return 127;
-        });
-        // Ready once it answers.
-        const auto until = Clock::now() + 10s;
-        UniqueFd s = udp_socket("127.0.0.1");
-        const sockaddr_in up = addr("127.0.0.1", upstream_port_);
-        ::connect(s.get(), reinterpret_cast<const sockaddr*>(&up), sizeof up);
-        while (Clock::now() < until) {
-            const Bytes q = query("other.test");
-            ::send(s.get(), q.data(), q.size(), 0);
-            pollfd p{s.get(), POLLIN, 0};
-            if (::poll(&p, 1, 100) == 1) {
-                uint8_t buf[512];
-                if (::recv(s.get(), buf, sizeof buf, 0) > 0) return;
-            }
-        }
-        FAIL() << "dnsmasq did not answer";
+        if (!testing::Dnsmasq::available()) GTEST_SKIP() << "no dnsmasq";
+        dnsmasq_.emplace(dir_.path(), kHosts);
+        upstream_port_ = dnsmasq_->port();
     }
 
     DnsForwarderConfig config() {
@@ -284,17 +199,14 @@ class DnsForwarderTest : public ::testing::Test {
         return std::nullopt;
     }
 
-    std::string upstream_log() {
-        std::ifstream in(dir_ + "/log");
-        return std::string(std::istreambuf_iterator<char>(in), {});
-    }
+    std::string upstream_log() { return dnsmasq_->log(); }
 
     static DnsPolicy allowlist(std::vector<DnsNamePattern> names) {
         return {DnsPolicy::Kind::allowlist, std::move(names)};
     }
 
-    std::string dir_;
-    ChildProcess dnsmasq_;
+    testing::TempDir dir_;
+    std::optional<testing::Dnsmasq> dnsmasq_;
     uint16_t upstream_port_ = 0;
     std::optional<DnsForwarder> forwarder_;
     std::vector<Learned> learned_;
