@@ -1,0 +1,69 @@
+// Runs as root, in the host's network namespace: berth-helper's DNS child, which serves the
+// sandboxes' DNS (net/dns_forwarder.h) and opens berth's nftables table to what their
+// allowlisted names resolve to; and DnsControl, the helper's side of its control channel
+// (proto/berth/v1/dns.proto).
+//
+// A process of its own, not a thread of the helper's: a forwarder serving hostile sandboxes
+// is best kept where its crash or stall costs only DNS, and libnftables keeps process-wide
+// state that the helper's own NftTable would share with a thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/unique_fd.h"
+#include "net/dns_forwarder.h"
+#include "net/nft_table.h"
+
+namespace berth::v1::dns {
+class Request;
+}
+
+namespace berth::net {
+
+struct DnsServiceConfig {
+    DnsForwarderConfig forwarder;
+    TableConfig table;  // berth's table, which the helper has made
+    // What a learned address's allow4 entry lasts: the answer's TTL, clamped. The floor is
+    // for TTLs of 0 and 1 (CDNs, dnsmasq's local answers): the entry must outlive the
+    // connect() that follows the lookup, and as taking an entry out also cuts what it
+    // carries (nft_table.h), a program that resolves once and keeps its connection a while
+    // should not lose it the next second. The ceiling is for TTLs of days or years: an
+    // address a name no longer points to should not stay open for as long.
+    std::chrono::seconds min_entry_ttl{5};
+    std::chrono::seconds max_entry_ttl{24 * 3600};
+};
+
+// What `learned` adds for `address` of an allowlisted name: one AllowRule per port range
+// (none: every port, TCP and UDP), lasting `ttl` clamped to [min, max].
+std::vector<AllowRule> learned_rules(const std::string& address, std::chrono::seconds ttl,
+                                     const std::vector<DnsPortRule>& ports,
+                                     const DnsServiceConfig& config);
+
+// The DNS child's main loop: serves the forwarder and answers `control`'s requests, one
+// reply each, until the helper closes `control` (returns 0). Returns 1 after writing why to
+// stderr when it cannot go on (the listeners cannot be bound, the channel breaks).
+int run_dns_service(UniqueFd control, const DnsServiceConfig& config);
+
+// The helper's side: each call sends one request and waits for its reply. Throws
+// berth::Error with the child's error (and its kind) when it refused, SysError when the
+// channel broke.
+class DnsControl {
+  public:
+    explicit DnsControl(UniqueFd channel) : channel_(std::move(channel)) {}
+
+    void set_policy(const std::string& source_ip, const DnsPolicy& policy);
+    void forget(const std::string& source_ip);
+
+    int fd() const { return channel_.get(); }
+
+  private:
+    void call(v1::dns::Request& request);
+
+    UniqueFd channel_;
+    uint64_t next_id_ = 1;
+};
+
+}  // namespace berth::net
