@@ -173,6 +173,11 @@ DnsForwarder::DnsForwarder(DnsForwarderConfig config, Learned learned)
             throw_sys("bind", "dns tcp " + config_.listen_address + ":" + std::to_string(port_));
     }
     check_sys("listen", "dns tcp", [&] { return ::listen(tcp_.get(), 64); });
+    // Every sandbox's queries share the one UDP socket: a larger buffer than the default
+    // (~200 KiB) lets a burst from one wait its turn rather than push out the others'.
+    // Best effort: the kernel caps it at net.core.rmem_max.
+    const int rcvbuf = 4 << 20;
+    ::setsockopt(udp_.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
     for (int fd : {udp_.get(), tcp_.get()}) {
         epoll_event ev{};
         ev.events = EPOLLIN;
@@ -254,7 +259,10 @@ int DnsForwarder::next_timeout_ms() const {
         if (!next || t < *next) next = t;
     };
     for (const auto& [fd, p] : pending_) consider(p->deadline);
-    for (const auto& [id, c] : connections_) consider(c->idle_deadline);
+    // (A connection waiting on its queries is not idle: its deadline is moved on when it is
+    // answered.)
+    for (const auto& [id, c] : connections_)
+        if (c->pending == 0) consider(c->idle_deadline);
     if (!next) return -1;
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(*next - Clock::now()).count();
     return static_cast<int>(std::clamp<long long>(left, 0, 60'000));
@@ -421,8 +429,8 @@ void DnsForwarder::launch(std::unique_ptr<Pending> p) {
         return;
     }
     ++stats_.servfail;
-    answer(*p, dns::make_answer(p->query, dns::Rcode::servfail));
     unbook(*p);
+    answer(*p, dns::make_answer(p->query, dns::Rcode::servfail));
 }
 
 std::unique_ptr<DnsForwarder::Pending> DnsForwarder::take(int fd) {
@@ -439,11 +447,10 @@ void DnsForwarder::unbook(const Pending& pending) {
     if (per != pending_per_source_.end() && --per->second == 0) pending_per_source_.erase(per);
     if (p->conn) {
         const auto c = connections_.find(p->conn);
-        if (c != connections_.end()) {
-            --c->second->pending;
-            if (c->second->eof && c->second->pending == 0 && c->second->out.empty())
-                close_connection(p->conn);
-        }
+        // (A connection the client has half-closed goes once its last answer is written:
+        // write_connection sees to that, and every query that leaves the books is answered
+        // next, or its connection closed.)
+        if (c != connections_.end()) --c->second->pending;
     }
 }
 

@@ -342,6 +342,22 @@ TEST_F(DnsForwarderTest, TcpQueriesPipelined) {
     EXPECT_EQ(learned_.size(), 1u);
 }
 
+TEST_F(DnsForwarderTest, TcpClientThatHalfClosesIsAnsweredThenClosed) {
+    start();
+    forwarder_->set_policy(kSandboxA, {DnsPolicy::Kind::forward, {}});
+    UniqueFd s = tcp_client(kSandboxA);
+    const Bytes q = query("other.test");
+    Bytes framed = {0, static_cast<uint8_t>(q.size())};
+    framed.insert(framed.end(), q.begin(), q.end());
+    ASSERT_EQ(::send(s.get(), framed.data(), framed.size(), 0),
+              static_cast<ssize_t>(framed.size()));
+    ::shutdown(s.get(), SHUT_WR);
+    const std::optional<Bytes> r = read_tcp(s.get());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(read_answer(*r, "other.test").addresses, std::vector<std::string>{"198.18.0.14"});
+    EXPECT_FALSE(read_tcp(s.get(), 1s));  // then EOF
+}
+
 TEST_F(DnsForwarderTest, UpstreamDownIsServfailSoon) {
     // Nothing listens on the port: the ICMP error ends the wait at once.
     DnsForwarderConfig c = config();
