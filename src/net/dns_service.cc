@@ -1,5 +1,7 @@
 #include "net/dns_service.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -7,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string_view>
 
@@ -153,9 +156,31 @@ void add_learned(NftTable& table, const std::string& source, const std::vector<A
 
 }  // namespace
 
+bool learnable_address(const std::string& address, const std::string& subnet_cidr) {
+    in_addr a{};
+    if (::inet_pton(AF_INET, address.c_str(), &a) != 1) return false;
+    const uint32_t ip = ntohl(a.s_addr);
+    const auto in = [&](uint32_t net, int len) {
+        const uint32_t mask = len == 0 ? 0 : ~uint32_t{0} << (32 - len);
+        return (ip & mask) == net;
+    };
+    if (in(0x00000000, 8) || in(0x7f000000, 8) || in(0xa9fe0000, 16) || in(0xe0000000, 4) ||
+        in(0xf0000000, 4))
+        return false;
+    const size_t slash = subnet_cidr.find('/');
+    in_addr net{};
+    if (slash != std::string::npos &&
+        ::inet_pton(AF_INET, subnet_cidr.substr(0, slash).c_str(), &net) == 1) {
+        const int len = std::atoi(subnet_cidr.c_str() + slash + 1);
+        if (len >= 0 && len <= 32 && in(ntohl(net.s_addr), len)) return false;
+    }
+    return true;
+}
+
 std::vector<AllowRule> learned_rules(const std::string& address, std::chrono::seconds ttl,
                                      const std::vector<DnsPortRule>& ports,
                                      const DnsServiceConfig& config) {
+    if (!learnable_address(address, config.table.subnet_cidr)) return {};
     const std::chrono::seconds timeout =
         std::clamp(ttl, config.min_entry_ttl, config.max_entry_ttl);
     std::vector<AllowRule> rules;
@@ -175,7 +200,13 @@ int run_dns_service(UniqueFd control, const DnsServiceConfig& config) {
         DnsForwarder forwarder(
             config.forwarder, [&](const std::string& source, const std::string& address,
                                   std::chrono::seconds ttl, const std::vector<DnsPortRule>& ports) {
-                add_learned(table, source, learned_rules(address, ttl, ports, config));
+                const std::vector<AllowRule> rules = learned_rules(address, ttl, ports, config);
+                if (rules.empty()) {
+                    std::fprintf(stderr, "berth dns: %s: not opening %s (not a global address)\n",
+                                 source.c_str(), address.c_str());
+                    return;
+                }
+                add_learned(table, source, rules);
             });
         std::string buffer;
         for (;;) {

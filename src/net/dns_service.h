@@ -36,8 +36,17 @@ struct DnsServiceConfig {
     std::chrono::seconds max_entry_ttl{24 * 3600};
 };
 
+// Whether an address an allowlisted name resolved to may be opened. Not: 0/8, loopback,
+// link-local (169.254/16: a cloud's metadata service), multicast, 240/4, nor the sandboxes'
+// own subnet. Whoever runs an allowlisted domain's DNS picks its answers, and an answer is
+// not a reason to open what no sandbox should reach (a name "resolving" to
+// 169.254.169.254). Private ranges (10/8, 172.16/12, 192.168/16) stay learnable: internal
+// names are a reason to allowlist.
+bool learnable_address(const std::string& address, const std::string& subnet_cidr);
+
 // What `learned` adds for `address` of an allowlisted name: one AllowRule per port range
-// (none: every port, TCP and UDP), lasting `ttl` clamped to [min, max].
+// (none: every port, TCP and UDP), lasting `ttl` clamped to [min, max]; nothing for an
+// address that is not learnable_address.
 std::vector<AllowRule> learned_rules(const std::string& address, std::chrono::seconds ttl,
                                      const std::vector<DnsPortRule>& ports,
                                      const DnsServiceConfig& config);

@@ -115,6 +115,18 @@ TEST(DnsServiceRules, TtlIsClampedAndPortsBecomeRules) {
     EXPECT_EQ(learned_rules("198.18.0.1", 300s, {}, config)[0].timeout, 300s);
 }
 
+TEST(DnsServiceRules, NonGlobalAddressesAreNotOpened) {
+    DnsServiceConfig config;
+    config.table.subnet_cidr = "10.88.0.0/16";
+    for (const char* a : {"169.254.169.254", "127.0.0.53", "0.0.0.0", "224.0.0.251",
+                          "255.255.255.255", "10.88.0.3", "not-an-address"}) {
+        EXPECT_FALSE(learnable_address(a, config.table.subnet_cidr)) << a;
+        EXPECT_TRUE(learned_rules(a, 60s, {}, config).empty()) << a;
+    }
+    for (const char* a : {"198.18.0.1", "10.89.0.1", "192.168.1.1", "1.1.1.1"})
+        EXPECT_TRUE(learnable_address(a, config.table.subnet_cidr)) << a;
+}
+
 TEST_F(DnsServiceTest, AllowlistedAnswersOpenTheTable) {
     control_->set_policy(kSandbox,
                          {DnsPolicy::Kind::allowlist, {{"api.example.com", {{"tcp", 443, 443}}}}});
