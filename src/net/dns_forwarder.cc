@@ -390,9 +390,11 @@ void DnsForwarder::handle_query(std::span<const uint8_t> msg, const sockaddr_in&
     }
     size_t& mine = pending_per_source_[from.sin_addr.s_addr];
     if (pending_.size() >= config_.max_in_flight || mine >= config_.max_in_flight_per_source) {
-        // Dropped, not answered: the flood costs nothing more, and a real client retries.
+        // Over UDP dropped, not answered: the flood costs nothing more, and a real client
+        // retries. Over TCP a client does not ask again: SERVFAIL.
         if (mine == 0) pending_per_source_.erase(from.sin_addr.s_addr);
         ++stats_.dropped;
+        if (conn) send_to_client(from, conn, dns::make_answer(q, dns::Rcode::servfail));
         return;
     }
     ++mine;

@@ -474,6 +474,28 @@ TEST_F(DnsForwarderTest, AFloodFromOneSourceStaysBoundedAndOthersAreAnswered) {
     EXPECT_LT(Clock::now() - t0, 2s);
 }
 
+TEST_F(DnsForwarderTest, TcpQueryOverTheLimitIsServfailNotSilence) {
+    UniqueFd sink = udp_socket("127.0.0.1");
+    DnsForwarderConfig c = config();
+    c.upstreams = {{"127.0.0.1", port_of(sink.get())}};
+    c.max_in_flight_per_source = 1;
+    start(c);
+    forwarder_->set_policy(kSandboxA, {DnsPolicy::Kind::forward, {}});
+    UniqueFd s = tcp_client(kSandboxA);
+    Bytes framed;
+    for (uint16_t id : {1, 2}) {
+        const Bytes q = query("other.test", dns::kTypeA, id);
+        framed.insert(framed.end(), {0, static_cast<uint8_t>(q.size())});
+        framed.insert(framed.end(), q.begin(), q.end());
+    }
+    ::send(s.get(), framed.data(), framed.size(), 0);
+    const std::optional<Bytes> r = read_tcp(s.get(), 1s);  // well before the upstream timeout
+    ASSERT_TRUE(r);
+    const Answer a = read_answer(*r, "other.test");
+    EXPECT_EQ(a.id, 2);
+    EXPECT_EQ(a.rcode, kServfail);
+}
+
 TEST_F(DnsForwarderTest, TcpConnectionsAreBoundedAndIdleOnesClosed) {
     DnsForwarderConfig c = config();
     c.tcp_idle_timeout = 300ms;
