@@ -155,6 +155,14 @@ DnsForwarder::DnsForwarder(DnsForwarderConfig config, Learned learned)
     const std::string what = config_.listen_address + ":" + std::to_string(config_.port);
     for (int attempt = 0;; ++attempt) {
         udp_ = make_socket(SOCK_DGRAM);
+        tcp_ = make_socket(SOCK_STREAM);
+        if (config_.free_bind) {
+            const int on = 1;
+            for (int fd : {udp_.get(), tcp_.get()})
+                check_sys("setsockopt", "dns IP_FREEBIND", [&] {
+                    return ::setsockopt(fd, IPPROTO_IP, IP_FREEBIND, &on, sizeof on);
+                });
+        }
         bind_to(udp_.get(), make_addr(listen, config_.port), "dns udp " + what);
         sockaddr_in bound{};
         socklen_t len = sizeof bound;
@@ -162,7 +170,6 @@ DnsForwarder::DnsForwarder(DnsForwarderConfig config, Learned learned)
             return ::getsockname(udp_.get(), reinterpret_cast<sockaddr*>(&bound), &len);
         });
         port_ = ntohs(bound.sin_port);
-        tcp_ = make_socket(SOCK_STREAM);
         const int one = 1;
         check_sys("setsockopt", "dns tcp SO_REUSEADDR", [&] {
             return ::setsockopt(tcp_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

@@ -75,6 +75,9 @@ struct DnsUpstream {
 struct DnsForwarderConfig {
     std::string listen_address;  // IPv4: the bridge's gateway (tests: 127.0.0.1)
     uint16_t port = 53;          // 0: any free port, the same for UDP and TCP
+    // IP_FREEBIND on the listeners: they bind before the address exists (the helper makes
+    // the bridge and its gateway address at the first attach) and serve once it does.
+    bool free_bind = false;
     std::vector<DnsUpstream> upstreams{};
     std::chrono::milliseconds upstream_timeout{2000};  // per upstream, then the next
     // Each query in flight holds a socket: the totals stay well below RLIMIT_NOFILE's usual

@@ -234,6 +234,15 @@ TEST(DnsPattern, Matching) {
     EXPECT_THROW(check_dns_pattern(std::string(64, 'a') + ".com"), Error);
 }
 
+TEST_F(DnsForwarderTest, FreeBindListensBeforeTheAddressExists) {
+    DnsForwarderConfig c = config();
+    c.listen_address = "192.0.2.1";  // TEST-NET-1: on no interface here
+    c.free_bind = true;
+    EXPECT_NO_THROW(start(c));
+    c.free_bind = false;
+    EXPECT_THROW(start(c), SysError);
+}
+
 TEST_F(DnsForwarderTest, AllowedExactNameIsAnsweredAndLearnedFirst) {
     start();
     const std::vector<DnsPortRule> ports = {{"tcp", 443, 443}};
