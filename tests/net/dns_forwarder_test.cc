@@ -92,7 +92,9 @@ class DnsForwarderTest : public ::testing::Test {
   protected:
     void SetUp() override {
         if (!testing::Dnsmasq::available()) GTEST_SKIP() << "no dnsmasq";
-        dnsmasq_.emplace(dir_.path(), kHosts);
+        dnsmasq_.emplace(dir_.path(), kHosts,
+                         std::vector<std::string>{"--cname=www.example.com,api.example.com",
+                                                  "--cname=alias.test,www.example.com"});
         upstream_port_ = dnsmasq_->port();
     }
 
@@ -276,6 +278,28 @@ TEST_F(DnsForwarderTest, EveryAddressOfAnAnswerIsLearned) {
     const Answer a = ask(kSandboxA, "multi.test");
     EXPECT_EQ(a.addresses.size(), 2u);
     ASSERT_EQ(learned_.size(), 2u);
+}
+
+TEST_F(DnsForwarderTest, CnameChainsAreFollowedToTheirAddresses) {
+    start();
+    // Only the name asked for needs to be on the list: where its chain leads is its answer.
+    forwarder_->set_policy(kSandboxA, allowlist({{"alias.test", {{"tcp", 443, 443}}}}));
+    const Answer a = ask(kSandboxA, "alias.test");
+    EXPECT_EQ(a.rcode, kNoError);
+    EXPECT_EQ(a.addresses, std::vector<std::string>{"198.18.0.10"});
+    ASSERT_EQ(learned_.size(), 1u);
+    EXPECT_EQ(learned_[0].address, "198.18.0.10");
+}
+
+TEST_F(DnsForwarderTest, WhatLearnedThrowsIsServfail) {
+    DnsForwarderConfig c = config();
+    forwarder_.emplace(c, [](const std::string&, const std::string&, std::chrono::seconds,
+                             const std::vector<DnsPortRule>&) {
+        throw Error(Error::Kind::internal, "the table is gone");
+    });
+    forwarder_->set_policy(kSandboxA, allowlist({{"api.example.com", {}}}));
+    EXPECT_EQ(ask(kSandboxA, "api.example.com").rcode, kServfail);
+    EXPECT_EQ(forwarder_->stats().servfail, 1u);
 }
 
 TEST_F(DnsForwarderTest, WildcardsMatchStrictlyBelow) {

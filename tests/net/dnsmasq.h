@@ -74,7 +74,10 @@ inline std::vector<uint8_t> dns_query(const std::string& name, uint16_t qtype = 
 class Dnsmasq {
   public:
     // `dir` holds its hosts file (written from `hosts`) and log.
-    Dnsmasq(const std::string& dir, const std::string& hosts) : dir_(dir) {
+    // `extra`: more options (--cname=...).
+    Dnsmasq(const std::string& dir, const std::string& hosts,
+            const std::vector<std::string>& extra = {})
+        : dir_(dir) {
         std::ofstream(dir_ + "/hosts") << hosts;
         port_ = free_port();
         std::vector<std::string> args = {
@@ -92,6 +95,7 @@ class Dnsmasq {
             "--log-queries",
             "--log-facility=" + dir_ + "/log",
         };
+        args.insert(args.end(), extra.begin(), extra.end());
         // (As root it would drop to nobody, who may not write the log here.)
         if (::geteuid() == 0) args.push_back("--user=root");
         process_ = ChildProcess::fork("dnsmasq", {}, [&] {
