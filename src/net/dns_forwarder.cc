@@ -308,6 +308,9 @@ void DnsForwarder::on_accept() {
             continue;  // ECONNABORTED and the like: that client is gone
         }
         const in_addr_t source = peer.sin_addr.s_addr;
+        if (connections_.size() >= config_.max_tcp_connections &&
+            connections_per_source_[source] < config_.max_tcp_per_source)
+            evict_for(source);
         if (connections_.size() >= config_.max_tcp_connections ||
             connections_per_source_[source] >= config_.max_tcp_per_source) {
             if (connections_per_source_[source] == 0) connections_per_source_.erase(source);
@@ -327,6 +330,26 @@ void DnsForwarder::on_accept() {
         connections_[id] = std::move(c);
         ++connections_per_source_[source];
     }
+}
+
+void DnsForwarder::evict_for(uint32_t newcomer) {
+    // The source holding the most connections gives up its longest idle one (RFC 7766 6.2.3
+    // lets a server close idle connections under pressure): a few sandboxes holding every
+    // slot open do not shut the others out.
+    const Connection* victim = nullptr;
+    uint64_t victim_id = 0;
+    size_t most = 0;
+    for (const auto& [id, c] : connections_) {
+        const in_addr_t s = c->peer.sin_addr.s_addr;
+        if (c->pending != 0 || s == newcomer) continue;
+        const size_t n = connections_per_source_[s];
+        if (!victim || n > most || (n == most && c->idle_deadline < victim->idle_deadline)) {
+            victim = c.get();
+            victim_id = id;
+            most = n;
+        }
+    }
+    if (victim && most > 1) close_connection(victim_id);
 }
 
 void DnsForwarder::on_connection(int fd, uint32_t events) {

@@ -145,6 +145,9 @@ class DnsForwarder {
     void on_udp();
     void on_accept();
     void on_connection(int fd, uint32_t events);
+    // When every TCP slot is taken: frees one for `newcomer` if a source holding several has
+    // one idle.
+    void evict_for(uint32_t newcomer);
     void on_upstream(int fd);
     void expire();
 

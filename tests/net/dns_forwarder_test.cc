@@ -574,6 +574,28 @@ TEST_F(DnsForwarderTest, TcpConnectionsAreBoundedAndIdleOnesClosed) {
     EXPECT_TRUE(read_tcp(again.get()));
 }
 
+TEST_F(DnsForwarderTest, WhenEveryTcpSlotIsTakenAHogGivesOneUp) {
+    DnsForwarderConfig c = config();
+    c.max_tcp_connections = 4;
+    c.max_tcp_per_source = 4;
+    start(c);
+    forwarder_->set_policy(kSandboxB, {DnsPolicy::Kind::forward, {}});
+    std::vector<UniqueFd> hog;
+    for (int i = 0; i < 4; ++i) {
+        hog.push_back(tcp_client(kSandboxA));
+        pump(0ms);
+    }
+    UniqueFd other = tcp_client(kSandboxB);
+    const Bytes q = query("other.test");
+    Bytes framed = {0, static_cast<uint8_t>(q.size())};
+    framed.insert(framed.end(), q.begin(), q.end());
+    ::send(other.get(), framed.data(), framed.size(), 0);
+    ASSERT_TRUE(read_tcp(other.get()));
+    // The hog's first (longest idle) connection went.
+    uint8_t b;
+    EXPECT_EQ(::recv(hog[0].get(), &b, 1, MSG_DONTWAIT), 0);
+}
+
 TEST_F(DnsForwarderTest, MalformedInputDoesNotStopIt) {
     start();
     forwarder_->set_policy(kSandboxA, allowlist({{"other.test", {}}}));
