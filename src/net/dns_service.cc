@@ -267,7 +267,17 @@ void DnsControl::call(pb::Request& request) {
     write_all(channel_.get(), encode(request), "dns control");
     std::string buffer;
     pb::Reply reply;
+    const auto until = std::chrono::steady_clock::now() + timeout_;
     while (!take_frame(buffer, reply, "dns control reply")) {
+        const auto left =
+            std::chrono::ceil<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+        pollfd p{channel_.get(), POLLIN, 0};
+        const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) throw_sys("poll", "dns control");
+        if (ready == 0)
+            throw Error(Kind::deadline_exceeded, "dns control: the DNS service did not answer in " +
+                                                     std::to_string(timeout_.count()) + " ms");
         char chunk[4096];
         const ssize_t n = check_sys("read", "dns control",
                                     [&] { return ::read(channel_.get(), chunk, sizeof chunk); });

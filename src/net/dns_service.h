@@ -56,12 +56,16 @@ std::vector<AllowRule> learned_rules(const std::string& address, std::chrono::se
 // stderr when it cannot go on (the listeners cannot be bound, the channel breaks).
 int run_dns_service(UniqueFd control, const DnsServiceConfig& config);
 
-// The helper's side: each call sends one request and waits for its reply. Throws
-// berth::Error with the child's error (and its kind) when it refused, SysError when the
-// channel broke.
+// The helper's side: each call sends one request and waits for its reply, at most
+// `timeout` (a child that stopped answering must not hang the helper's create or delete).
+// Throws berth::Error with the child's error (and its kind) when it refused,
+// deadline_exceeded when it did not answer in time, SysError when the channel broke. After
+// a timeout the channel is out of step: the caller restarts the child.
 class DnsControl {
   public:
-    explicit DnsControl(UniqueFd channel) : channel_(std::move(channel)) {}
+    explicit DnsControl(UniqueFd channel,
+                        std::chrono::milliseconds timeout = std::chrono::seconds(10))
+        : channel_(std::move(channel)), timeout_(timeout) {}
 
     void set_policy(const std::string& source_ip, const DnsPolicy& policy);
     void forget(const std::string& source_ip);
@@ -72,6 +76,7 @@ class DnsControl {
     void call(v1::dns::Request& request);
 
     UniqueFd channel_;
+    std::chrono::milliseconds timeout_;
     uint64_t next_id_ = 1;
 };
 

@@ -127,6 +127,21 @@ TEST(DnsServiceRules, NonGlobalAddressesAreNotOpened) {
         EXPECT_TRUE(learnable_address(a, config.table.subnet_cidr)) << a;
 }
 
+TEST(DnsControlClient, AChildThatDoesNotAnswerIsADeadline) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    UniqueFd peer(sv[1]);
+    DnsControl control(UniqueFd(sv[0]), 200ms);
+    try {
+        control.forget("127.0.0.2");
+        ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), Error::Kind::deadline_exceeded) << e.what();
+    }
+    peer.reset();  // and one that is gone: EPIPE
+    EXPECT_THROW(control.forget("127.0.0.2"), SysError);
+}
+
 TEST_F(DnsServiceTest, AllowlistedAnswersOpenTheTable) {
     control_->set_policy(kSandbox,
                          {DnsPolicy::Kind::allowlist, {{"api.example.com", {{"tcp", 443, 443}}}}});
