@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,8 +12,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <string_view>
 
+#include "base/child_process.h"
 #include "base/error.h"
 #include "dns.pb.h"
 
@@ -288,6 +291,102 @@ void DnsControl::call(pb::Request& request) {
         throw Error(Kind::internal, "dns control: the reply to " + std::to_string(reply.id()) +
                                         ", not " + std::to_string(request.id()));
     if (!reply.error().empty()) throw Error(static_cast<Kind>(reply.error_code()), reply.error());
+}
+
+DnsPolicy dns_policy(const Policy& policy) {
+    DnsPolicy out;
+    switch (policy.mode) {
+        case Mode::none:
+            out.kind = DnsPolicy::Kind::refuse;
+            break;
+        case Mode::public_egress:
+            out.kind = DnsPolicy::Kind::forward;
+            break;
+        case Mode::allowlist:
+            out.kind = DnsPolicy::Kind::allowlist;
+            for (const AllowEntry& e : policy.allow) {
+                if (e.kind == AllowEntry::Kind::cidr) continue;
+                DnsNamePattern pattern{
+                    .pattern = e.kind == AllowEntry::Kind::wildcard ? "*." + e.value : e.value,
+                    .ports = {}};
+                if (e.port_from != 0 || e.port_to != 65535)
+                    pattern.ports.push_back(
+                        DnsPortRule{.proto = {}, .port_from = e.port_from, .port_to = e.port_to});
+                out.names.push_back(std::move(pattern));
+            }
+            break;
+    }
+    return out;
+}
+
+namespace {
+
+class DnsChild final : public SandboxDns {
+  public:
+    explicit DnsChild(DnsServiceConfig config) : config_(std::move(config)) { start(); }
+
+    void set_policy(const std::string& sandbox_ip, const Policy& policy) override {
+        DnsPolicy p = dns_policy(policy);
+        call([&] { control_->set_policy(sandbox_ip, p); });
+        policies_[sandbox_ip] = std::move(p);
+    }
+
+    void forget(const std::string& sandbox_ip) noexcept override {
+        policies_.erase(sandbox_ip);
+        try {
+            call([&] { control_->forget(sandbox_ip); });
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "berth-helper: DNS: forgetting %s: %s\n", sandbox_ip.c_str(),
+                         e.what());
+        }
+    }
+
+  private:
+    void start() {
+        int sv[2];
+        check_sys("socketpair", "DNS control",
+                  [&] { return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv); });
+        UniqueFd ours(sv[0]), theirs(sv[1]);
+        const DnsServiceConfig& config = config_;
+        const int theirs_fd = theirs.get();
+        child_ = ChildProcess::fork("berth-helper: DNS", {theirs_fd}, [&config, theirs_fd] {
+            ::prctl(PR_SET_NAME, "berth-dns");
+            return run_dns_service(UniqueFd(theirs_fd), config);
+        });
+        theirs.reset();
+        control_ = std::make_unique<DnsControl>(std::move(ours));
+    }
+
+    // Runs `request`; a child that is gone or out of step is started again, told every
+    // policy, and asked once more. What it refuses is the caller's to hear.
+    template <typename Request>
+    void call(Request request) {
+        try {
+            request();
+            return;
+        } catch (const SysError& e) {
+            std::fprintf(stderr, "berth-helper: DNS: %s; starting it again\n", e.what());
+        } catch (const Error& e) {
+            if (e.kind() != Error::Kind::deadline_exceeded && e.kind() != Error::Kind::internal)
+                throw;
+            std::fprintf(stderr, "berth-helper: DNS: %s; starting it again\n", e.what());
+        }
+        child_.kill_and_wait(std::chrono::seconds(5));
+        start();
+        for (const auto& [ip, policy] : policies_) control_->set_policy(ip, policy);
+        request();
+    }
+
+    DnsServiceConfig config_;
+    ChildProcess child_;
+    std::unique_ptr<DnsControl> control_;
+    std::map<std::string, DnsPolicy> policies_;
+};
+
+}  // namespace
+
+std::unique_ptr<SandboxDns> start_dns_child(const DnsServiceConfig& config) {
+    return std::make_unique<DnsChild>(config);
 }
 
 }  // namespace berth::net

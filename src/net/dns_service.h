@@ -10,11 +10,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "base/unique_fd.h"
 #include "net/dns_forwarder.h"
+#include "net/host_network.h"
 #include "net/nft_table.h"
 
 namespace berth::v1::dns {
@@ -79,5 +81,16 @@ class DnsControl {
     std::chrono::milliseconds timeout_;
     uint64_t next_id_ = 1;
 };
+
+// A sandbox's network policy as berth's DNS enforces it: public forwards, allowlist answers
+// the entries' names (an entry's port range going with the addresses it opens), the rest is
+// refused.
+DnsPolicy dns_policy(const Policy& policy);
+
+// berth-helper's DNS child: forks run_dns_service (with `config`) and keeps the policies it
+// was told, so that a child that died or stopped answering is started again and told them
+// all before the call that found it so returns. A policy the child refuses (a bad pattern)
+// throws Error(invalid_argument); a child that cannot be started again throws.
+std::unique_ptr<SandboxDns> start_dns_child(const DnsServiceConfig& config);
 
 }  // namespace berth::net

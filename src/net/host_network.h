@@ -6,6 +6,7 @@
 // (set_policy), and releases on delete.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -77,18 +78,38 @@ class HostNetwork {
     virtual std::string describe() = 0;
 };
 
+// The sandboxes' DNS server on the gateway (berth-helper's DNS child, net/dns_service.h):
+// told each sandbox's policy, which decides what it answers (public: everything, forwarded;
+// allowlist: only the allowed names, whose addresses it opens as it hands them out; none:
+// refused) before the sandbox may run or its new policy is reported in force.
+class SandboxDns {
+  public:
+    virtual ~SandboxDns() = default;
+    virtual void set_policy(const std::string& sandbox_ip, const Policy& policy) = 0;
+    virtual void forget(const std::string& sandbox_ip) noexcept = 0;
+};
+
 struct RootNetworkConfig {
-    std::string bridge;                    // its name; the nftables table is `inet <bridge>`
-    std::string subnet;                    // IPv4 CIDR, e.g. 10.89.0.0/16; the gateway is .1
-    std::vector<std::string> nameservers;  // what public sandboxes' resolv.conf names
+    std::string bridge;  // its name; the nftables tables are `inet <bridge>`, `bridge <bridge>`
+    std::string subnet;  // IPv4 CIDR, e.g. 10.89.0.0/16; the gateway is .1
+    // The servers berth's DNS asks (loopback stubs such as 127.0.0.53 included: it runs on
+    // the host); without a DNS (start_dns unset), what public sandboxes ask themselves.
+    std::vector<std::string> nameservers;
+    // Starts berth's DNS for the table (made by then) and the gateway's address; called at
+    // the first sandbox with a network. Unset: sandboxes ask `nameservers` directly, and
+    // allowlists may only name addresses.
+    std::function<std::unique_ptr<SandboxDns>(const TableConfig& table, const std::string& gateway)>
+        start_dns;
 };
 
 // Validates the config (the subnet must not overlap a route of the host's: throws
 // Error(invalid_argument) naming it). The bridge and table are made at the first attach.
 std::unique_ptr<HostNetwork> make_root_network(const RootNetworkConfig& config);
 
-// The IPv4 nameservers of a resolv.conf's text that a sandbox can reach through NAT (not
-// loopback stubs such as 127.0.0.53: those would be the sandbox's own loopback).
-std::vector<std::string> reachable_nameservers(const std::string& resolv_conf_text);
+// The IPv4 nameservers of a resolv.conf's text; with `reachable_only`, only those a sandbox
+// can reach through NAT (not loopback stubs such as 127.0.0.53: those would be the
+// sandbox's own loopback).
+std::vector<std::string> resolv_conf_nameservers(const std::string& resolv_conf_text,
+                                                 bool reachable_only);
 
 }  // namespace berth::net

@@ -141,11 +141,12 @@ class RootNetwork final : public HostNetwork {
         check_ifname(config.bridge);
         check_no_clash(subnet_, config.bridge);
         for (const auto& server : config.nameservers) parse_ip(server, "--dns");
-        table_ = std::make_unique<NftTable>(TableConfig{.table = config.bridge,
-                                                        .bridge = config.bridge,
-                                                        .subnet_cidr = config.subnet,
-                                                        .gateway = ip_text(subnet_.gateway()),
-                                                        .host_address = {}});
+        table_config_ = TableConfig{.table = config.bridge,
+                                    .bridge = config.bridge,
+                                    .subnet_cidr = config.subnet,
+                                    .gateway = ip_text(subnet_.gateway()),
+                                    .host_address = {}};
+        table_ = std::make_unique<NftTable>(table_config_);
     }
 
     Attachment reserve(const std::string& sandbox_id, const Policy& policy,
@@ -154,6 +155,7 @@ class RootNetwork final : public HostNetwork {
         for (uint16_t port : host_ports)
             if (port == 0)
                 throw Error(Error::Kind::invalid_argument, "host port 0: no program listens there");
+        check_enforceable(policy);
         Attachment a{sandbox_id, policy, host_ports, published, {}, false};
         holds_[sandbox_id] = hold_ports(published);
         try {
@@ -176,6 +178,7 @@ class RootNetwork final : public HostNetwork {
     }
 
     void set_policy(Attachment& a, const Policy& policy, int netns_fd) override {
+        check_enforceable(policy);
         if (a.address.empty()) {
             if (policy.mode == Mode::none) {
                 a.policy = policy;  // loopback only, as it was
@@ -202,6 +205,7 @@ class RootNetwork final : public HostNetwork {
     void release(const Attachment& a) noexcept override {
         holds_.erase(a.sandbox_id);
         if (a.address.empty()) return;
+        if (dns_) dns_->forget(a.address);
         try {
             if (ready_) table_->forget(a.address);
         } catch (const std::exception& e) {
@@ -266,10 +270,14 @@ class RootNetwork final : public HostNetwork {
     NameSettings names(const Attachment& a, const std::string& hostname) const override {
         NameSettings s{
             .hostname = hostname, .address = a.address, .host_address = {}, .nameservers = {}};
-        if (a.policy.mode == Mode::public_egress) s.nameservers = config_.nameservers;
-        // An allowlisted sandbox asks berth's DNS on the gateway, which answers only the
-        // names it may reach (and lets their addresses through as it hands them out).
-        if (a.policy.mode == Mode::allowlist) s.nameservers = {ip_text(subnet_.gateway())};
+        // Berth's DNS on the gateway, in every mode with an address: it answers by the
+        // sandbox's policy at the time of each query (a sandbox switched to none is refused
+        // at once, one switched to public gets answers), so the file never changes. Without
+        // an address the gateway is unreachable, and a lookup fails at once all the same.
+        if (config_.start_dns)
+            s.nameservers = {ip_text(subnet_.gateway())};
+        else if (a.policy.mode == Mode::public_egress)
+            s.nameservers = config_.nameservers;
         if (!a.host_ports.empty()) s.host_address = ip_text(subnet_.gateway());
         return s;
     }
@@ -284,6 +292,16 @@ class RootNetwork final : public HostNetwork {
     }
 
   private:
+    void check_enforceable(const Policy& policy) const {
+        if (config_.start_dns) return;
+        for (const AllowEntry& e : policy.allow)
+            if (e.kind != AllowEntry::Kind::cidr)
+                throw Error(Error::Kind::failed_precondition,
+                            "allowlist entry " + e.text() +
+                                ": this berthd has no DNS of its own, so hostnames cannot be "
+                                "allowed (give addresses)");
+    }
+
     // Binds each published host address:port (without listening: connections to it are
     // DNAT'd to the sandbox before any socket sees them), so that a host service that has
     // the port refuses the publish -- a sandbox must not capture a port the host's own
@@ -403,13 +421,17 @@ class RootNetwork final : public HostNetwork {
         // send them) are refused by the table's input chain.
         write_file("/proc/sys/net/ipv4/conf/" + config_.bridge + "/route_localnet", "1");
         table_->create();
+        if (config_.start_dns && !dns_)
+            dns_ = config_.start_dns(table_config_, ip_text(subnet_.gateway()));
         ready_ = true;
     }
 
     RootNetworkConfig config_;
     Subnet subnet_;
     Netlink host_nl_;
+    TableConfig table_config_;
     std::unique_ptr<NftTable> table_;
+    std::unique_ptr<SandboxDns> dns_;  // berth's DNS on the gateway, once ready
     std::set<uint32_t> used_;
     std::map<std::string, std::vector<UniqueFd>> holds_;  // published ports, by sandbox id
     bool ready_ = false;
@@ -421,7 +443,7 @@ std::unique_ptr<HostNetwork> make_root_network(const RootNetworkConfig& config) 
     return std::make_unique<RootNetwork>(config);
 }
 
-std::vector<std::string> reachable_nameservers(const std::string& text) {
+std::vector<std::string> resolv_conf_nameservers(const std::string& text, bool reachable_only) {
     std::vector<std::string> out;
     std::istringstream in(text);
     std::string line;
@@ -430,8 +452,8 @@ std::vector<std::string> reachable_nameservers(const std::string& text) {
         std::string key, value;
         if (!(f >> key >> value) || key != "nameserver") continue;
         in_addr a{};
-        if (::inet_pton(AF_INET, value.c_str(), &a) != 1) continue;  // IPv6: not routed yet
-        if ((ntohl(a.s_addr) >> 24) == 127) continue;                // a loopback stub
+        if (::inet_pton(AF_INET, value.c_str(), &a) != 1) continue;      // IPv6: not routed yet
+        if (reachable_only && (ntohl(a.s_addr) >> 24) == 127) continue;  // a loopback stub
         out.push_back(value);
     }
     return out;

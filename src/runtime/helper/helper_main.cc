@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "helper.pb.h"
+#include "net/dns_service.h"
 #include "net/host_network.h"
 #include "ns/idmap.h"
 #include "ns/security.h"
@@ -77,17 +78,31 @@ int main(int argc, char** argv) {
                  "rather than leaving public sandboxes unoffered");
     CLI11_PARSE(app, argc, argv);
     if (!network.bridge.empty()) {
+        // The servers berth's DNS asks for the sandboxes: from the host's own network
+        // namespace, so a loopback stub (systemd-resolved's 127.0.0.53) serves too.
         network.nameservers = dns;
         if (dns.empty()) {
             try {
-                network.nameservers = net::reachable_nameservers(read_file("/etc/resolv.conf"));
+                network.nameservers =
+                    net::resolv_conf_nameservers(read_file("/etc/resolv.conf"), false);
             } catch (const std::exception&) {
             }
             if (network.nameservers.empty())
-                std::cerr << "berth-helper: /etc/resolv.conf names no DNS server a sandbox can "
-                             "reach (a loopback stub?): public sandboxes get none (berthd --dns)"
+                std::cerr << "berth-helper: /etc/resolv.conf names no IPv4 DNS server: "
+                             "sandboxes' lookups will fail (berthd --dns)"
                           << std::endl;
         }
+        network.start_dns = [upstreams = network.nameservers](const net::TableConfig& table,
+                                                              const std::string& gateway) {
+            net::DnsServiceConfig dns_config;
+            dns_config.table = table;
+            dns_config.forwarder.listen_address = gateway;
+            dns_config.forwarder.port = 53;
+            dns_config.forwarder.free_bind = true;
+            for (const auto& server : upstreams)
+                dns_config.forwarder.upstreams.push_back({server, 53});
+            return net::start_dns_child(dns_config);
+        };
         config.network = network;
     }
     if (total_memory) config.budget.memory_bytes = total_memory;
