@@ -369,6 +369,9 @@ class RootNetwork final : public HostNetwork {
                                           .timeout = {}});
             }
         }
+        // The DNS first: a sandbox switched away from allowlist or public must not get one
+        // more answer opening an address after its rules changed.
+        if (dns_) dns_->set_policy(address, policy);
         table_->apply(address, policy.mode == Mode::public_egress, policy.mode == Mode::allowlist,
                       rules);
     }

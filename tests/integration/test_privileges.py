@@ -29,7 +29,8 @@ CAP = {
 
 # src/runtime/helper/helper_main.cc: helper_capabilities()
 HELPER_CAPS = ["SYS_ADMIN", "SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE",
-               "DAC_READ_SEARCH", "KILL", "SYS_PTRACE", "FSETID", "MKNOD", "SETFCAP", "NET_ADMIN"]
+               "DAC_READ_SEARCH", "KILL", "SYS_PTRACE", "FSETID", "MKNOD", "SETFCAP", "NET_ADMIN",
+               "NET_BIND_SERVICE"]
 # src/runtime/images/images_main.cc: images_capabilities()
 IMAGES_CAPS = ["SETUID", "SETGID", "CHOWN", "FOWNER", "FSETID", "DAC_OVERRIDE", "SETPCAP",
                "DAC_READ_SEARCH", "KILL", "SYS_ADMIN", "SYS_CHROOT", "MKNOD", "SETFCAP"]

@@ -45,6 +45,7 @@ const std::vector<std::string>& helper_capabilities() {
         // ours too, or the kernel quietly does less (a setgid bit dropped on chmod).
         "FSETID", "MKNOD", "SETFCAP",
         "NET_ADMIN",  // public sandboxes: the bridge, veths, addresses, routes, nftables
+        "NET_BIND_SERVICE",  // the DNS child: port 53 on the gateway; published ports < 1024
     };
     return caps;
 }
