@@ -275,3 +275,27 @@ def test_a_published_port_is_reachable_from_the_host_and_held(net_daemon, busybo
     again.bind(("127.0.0.1", host_port))
     again.close()
     assert str(host_port) not in sh("nft", "list", "map", "inet", d.bridge, "published4").stdout
+
+
+def test_set_network_over_the_protocol_refuses_what_it_does_not_know(net_daemon, busybox_rootfs):
+    import berth_proto
+    d = net_daemon
+    sid = d.create(busybox_rootfs, "--network", "public")
+    with d.connect() as c:
+        for req, code, said in (
+                (berth_proto.pb.SetNetwork(sandbox=sid, network=77), "INVALID_ARGUMENT",
+                 "network mode"),
+                (berth_proto.pb.SetNetwork(sandbox=sid, network=berth_proto.pb.NETWORK_PUBLIC,
+                                           allow=["a.com"]), "INVALID_ARGUMENT", "allowlist mode"),
+                (berth_proto.pb.SetNetwork(sandbox="f" * 32, network=1), "NOT_FOUND", ""),
+                (berth_proto.pb.SetNetwork(sandbox=sid, network=berth_proto.pb.NETWORK_ALLOWLIST,
+                                           allow=["x"] * 1025), "INVALID_ARGUMENT", "1025 entries")):
+            with pytest.raises(berth_proto.BerthError) as e:
+                c.call("set_network", req)
+            assert e.value.code_name == code and said in str(e.value), e.value
+        # The reply is the sandbox as it is now.
+        reply = c.call("set_network", berth_proto.pb.SetNetwork(
+            sandbox=sid, network=berth_proto.pb.NETWORK_ALLOWLIST, allow=["A.example.COM:443"]))
+        assert list(reply.set_network.sandbox.allow) == ["a.example.com:443"]
+    info = d.inspect(sid)["sandbox"]
+    assert info["network"] == "NETWORK_ALLOWLIST" and info["allow"] == ["a.example.com:443"]
