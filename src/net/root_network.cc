@@ -179,7 +179,8 @@ class RootNetwork final : public HostNetwork {
 
     void set_policy(Attachment& a, const Policy& policy, int netns_fd) override {
         check_enforceable(policy);
-        if (a.address.empty()) {
+        const bool had_address = !a.address.empty(), had_link = a.linked;
+        if (!had_address) {
             if (policy.mode == Mode::none) {
                 a.policy = policy;  // loopback only, as it was
                 return;
@@ -193,9 +194,26 @@ class RootNetwork final : public HostNetwork {
             }
             apply(a.address, policy);
         } catch (...) {
-            if (!a.linked) {
+            // As it was: a link made here goes (a retry makes it whole), and the DNS, told
+            // first, hears the old policy again (the table's transaction left the old rules).
+            if (!had_link && a.linked) {
+                try {
+                    host_nl_.delete_link(host_link(a.sandbox_id));
+                } catch (const std::exception& e) {
+                    std::fprintf(stderr, "berth-helper: %s\n", e.what());
+                }
+                a.linked = false;
+            }
+            if (!had_address) {
                 used_.erase(parse_ip(a.address, "address"));
                 a.address.clear();
+            } else if (dns_) {
+                try {
+                    dns_->set_policy(a.address, a.policy);
+                } catch (const std::exception& e) {
+                    std::fprintf(stderr, "berth-helper: DNS: restoring %s: %s\n", a.address.c_str(),
+                                 e.what());
+                }
             }
             throw;
         }
