@@ -299,3 +299,13 @@ def test_set_network_over_the_protocol_refuses_what_it_does_not_know(net_daemon,
         assert list(reply.set_network.sandbox.allow) == ["a.example.com:443"]
     info = d.inspect(sid)["sandbox"]
     assert info["network"] == "NETWORK_ALLOWLIST" and info["allow"] == ["a.example.com:443"]
+
+
+def test_only_root_publishes_a_port_below_1024(net_daemon):
+    from members import ensure_user
+    member = ensure_user("berth-it-m1", True)
+    r = member.cli(net_daemon, "create", "-p", "80:80", "no-such-image")
+    assert r.returncode != 0 and "below 1024: only root" in r.stderr, r
+    # The port was the reason: the same request with a high port gets as far as the image.
+    r = member.cli(net_daemon, "create", "-p", "8080:80", "no-such-image")
+    assert r.returncode != 0 and "below 1024" not in r.stderr, r

@@ -112,13 +112,16 @@ struct CreateOptions {
             ->capture_default_str();
         cmd->add_option("--allow", allow,
                         "with --network allowlist: HOST, *.DOMAIN or IPv4[/LEN], each with an "
-                        "optional :PORT or :FROM-TO (repeatable)");
+                        "optional :PORT or :FROM-TO (repeatable)")
+            ->allow_extra_args(false);
         cmd->add_option("--host-port", host_ports,
                         "a TCP port of the host's 127.0.0.1 the sandbox reaches at "
-                        "host.berth.internal, in every network mode (repeatable)");
+                        "host.berth.internal, in every network mode (repeatable)")
+            ->allow_extra_args(false);
         cmd->add_option("-p,--publish", publish,
                         "[HOSTIP:]HOSTPORT:PORT: the host's HOSTIP:HOSTPORT (default 127.0.0.1) "
-                        "goes to the sandbox's TCP PORT (repeatable)");
+                        "goes to the sandbox's TCP PORT (repeatable)")
+            ->allow_extra_args(false);  // one value each: `-p 80:80 IMAGE` keeps IMAGE
         cmd->add_option("--owner", owner,
                         "root only: the host uid the sandbox belongs to (default: yours)");
         cmd->add_option("--sandbox-workdir", workdir,
@@ -344,7 +347,8 @@ int main(int argc, char** argv) {
         "none also cuts established ones");
     network_set->add_option("sandbox", network_target, "id, id prefix or name")->required();
     network_set->add_option("mode", network_mode_name, "none, public or allowlist")->required();
-    network_set->add_option("--allow", network_allow, "allowlist entries, as for create");
+    network_set->add_option("--allow", network_allow, "allowlist entries, as for create")
+        ->allow_extra_args(false);
     network->require_subcommand(1);
 
     std::string inspect_target;
