@@ -161,8 +161,14 @@ TEST_F(NftTableTest, ListShowsTheChainsAndSets) {
              "iifname \"berth-br0\" ip daddr 10.88.0.1 ip saddr . tcp dport @hostports4 dnat ip "
              "to 127.0.0.1",
              "type filter hook prerouting priority dstnat - 10; policy accept;",
-             "iifname \"berth-br0\" ct status dnat ip daddr 10.88.0.1 ip saddr . tcp dport != "
-             "@hostports4 reject with tcp reset",
+             "iifname \"berth-br0\" ct direction original ct status dnat ip daddr 10.88.0.1 ip "
+             "saddr . tcp dport != @hostports4 reject with tcp reset",
+             "map published4",
+             "iifname != \"berth-br0\" dnat ip to ip daddr . tcp dport map @published4",
+             "type nat hook output priority -100; policy accept;",
+             "oifname \"berth-br0\" ct status dnat ip saddr 127.0.0.0/8 masquerade",
+             "set listed4",
+             "ip saddr @listed4 ct state established,related accept",
              "type nat hook postrouting priority srcnat; policy accept;",
              "ip saddr 10.88.0.0/16 oifname != \"berth-br0\" masquerade",
          })
