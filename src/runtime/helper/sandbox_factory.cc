@@ -773,11 +773,8 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         } catch (const HelperError&) {
             throw;
         } catch (const Error& e) {
-            throw HelperError(e.kind() == Error::Kind::already_exists       ? v1::ALREADY_EXISTS
-                              : e.kind() == Error::Kind::invalid_argument   ? kInvalidArgument
-                              : e.kind() == Error::Kind::resource_exhausted ? v1::RESOURCE_EXHAUSTED
-                                                                            : kInternal,
-                              e.what());
+            // (The one mapping of kinds to codes: a port in use is ALREADY_EXISTS, and so on.)
+            throw HelperError(wire::error_code(e.kind()), e.what());
         }
         undo.push([this, &live] { network_->release(live->net); });
     }
@@ -1126,9 +1123,7 @@ v1::helper::NetworkSet SandboxFactory::set_network(const v1::helper::SetNetwork&
         } catch (const HelperError&) {
             throw;
         } catch (const Error& e) {
-            throw HelperError(e.kind() == Error::Kind::invalid_argument     ? kInvalidArgument
-                              : e.kind() == Error::Kind::resource_exhausted ? v1::RESOURCE_EXHAUSTED
-                                                                            : kInternal,
+            throw HelperError(wire::error_code(e.kind()),
                               "setting the network of sandbox " + id + ": " + e.what());
         }
     }
