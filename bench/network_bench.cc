@@ -34,7 +34,8 @@ using bench::Summary;
 namespace {
 
 struct Config {
-    std::string socket = client::default_socket_path(), rootfs, netprobe, server, bwrap, json_out;
+    std::string socket = client::default_socket_path(), rootfs, netprobe, server, bwrap, cli,
+                json_out;
     int port = 9100, runs = 50, warmup = 3, gap_ms = 100, connects = 1000, rr = 2000,
         bulk_mib = 200, bulk_runs = 5, blocks = 5;
     bool quick = false;
@@ -210,6 +211,8 @@ int main(int argc, char** argv) {
     app.add_option("--server", cfg.server, "the test host's address (netprobe serve)")->required();
     app.add_option("--port", cfg.port);
     app.add_option("--bwrap", cfg.bwrap, "bwrap to compare creates with (none: skipped)");
+    app.add_option("--cli", cfg.cli,
+                   "the berth CLI: `berth create` timed beside the others (none: skipped)");
     app.add_option("-n,--runs", cfg.runs, "create rounds and switch round trips");
     app.add_option("--gap-ms", cfg.gap_ms, "pause between creates and between switches");
     app.add_option("--connects", cfg.connects, "connects per side");
@@ -248,15 +251,30 @@ int main(int argc, char** argv) {
                     cfg.runs, cfg.gap_ms, c.hello().cgroup_driver().c_str());
 
         // 1. Creates: none, public (and bwrap) in the same rounds, rotating their order.
-        std::vector<double> c_none, c_pub, d_none, d_pub, bw;
-        const int kinds = cfg.bwrap.empty() ? 2 : 3;
+        // Kinds: 0 none, 1 public (C++ client), 2 bwrap, 3 `berth create` (CLI, none).
+        std::vector<double> c_none, c_pub, d_none, d_pub, bw, c_cli;
+        std::vector<int> kinds{0, 1};
+        if (!cfg.bwrap.empty()) kinds.push_back(2);
+        if (!cfg.cli.empty()) kinds.push_back(3);
         for (int round = 0; cfg.has("create") && round < cfg.warmup + cfg.runs; ++round) {
             bool keep = round >= cfg.warmup;
-            for (int k = 0; k < kinds; ++k) {
-                int kind = (k + round) % kinds;
+            for (size_t k = 0; k < kinds.size(); ++k) {
+                int kind = kinds[(k + static_cast<size_t>(round)) % kinds.size()];
                 if (kind == 2) {
                     double ms = bwrap_true(cfg);
                     if (keep) bw.push_back(ms);
+                } else if (kind == 3) {
+                    // A process per create, as a shell script or a trial runner without a
+                    // client library does it: the CLI's start-up is in the figure.
+                    auto t = Clock::now();
+                    std::string id =
+                        on_host({cfg.cli, "-H", cfg.socket, "create", "--rootfs", cfg.rootfs});
+                    double ms = ms_since(t);
+                    while (!id.empty() && id.back() == '\n') id.pop_back();
+                    if (id.size() != 32) throw std::runtime_error("berth create said: " + id);
+                    gap(cfg);
+                    remove(c, id);
+                    if (keep) c_cli.push_back(ms);
                 } else {
                     auto mode = kind == 0 ? v1::NETWORK_NONE : v1::NETWORK_PUBLIC;
                     auto t = Clock::now();
@@ -282,6 +300,8 @@ int main(int argc, char** argv) {
             rep.row("create_public", c_pub, "ms");
             rep.row("delete_none", d_none, "ms");
             rep.row("delete_public", d_pub, "ms");
+            if (!c_cli.empty())
+                rep.row("create_cli_none", c_cli, "ms", "(`berth create`: a CLI process)");
             if (!bw.empty())
                 rep.row("bwrap_true", bw, "ms", "(its whole run: no overlay, no cgroup)");
             rep.ratio("create public/none p50", p50(c_pub) / p50(c_none), "same rounds");
@@ -289,6 +309,9 @@ int main(int argc, char** argv) {
             if (!bw.empty()) {
                 rep.ratio("create none/bwrap p50", p50(c_none) / p50(bw), "same rounds");
                 rep.ratio("create public/bwrap p50", p50(c_pub) / p50(bw), "same rounds");
+                if (!c_cli.empty())
+                    rep.ratio("create CLI none/bwrap p50", p50(c_cli) / p50(bw),
+                              "same rounds (target <= 0.8)");
             }
         }
 

@@ -39,6 +39,19 @@ class Cgroup {
     virtual void attach(pid_t pid) = 0;
     // v2: an O_DIRECTORY fd for clone3(CLONE_INTO_CGROUP); -1 where unsupported.
     virtual int clone_into_fd() const { return -1; }
+    // Its cgroup.procs files, opened for writing (one per hierarchy on v1): a process that
+    // holds them can move itself in by writing "0" to each (the kernel checks the opener's
+    // credentials, not the writer's). A pooled sandbox shell does so while the helper goes
+    // on: on v1 the first move after a quiet spell waits for an RCU grace period.
+    virtual std::vector<int> open_procs() const = 0;
+    // Gives the cgroup a new name under the same parent, processes and all: true when done,
+    // false where the hierarchy cannot rename (cgroup2 has no rename). Throws SysError
+    // naming the directory (EEXIST: the name is taken); on v1 a failure leaves every
+    // hierarchy's directory under its old name.
+    virtual bool rename(const std::string& name) = 0;
+    // Sets memory, cpu and pids limits (unset ones to unlimited) on a cgroup that may
+    // already hold processes. Throws SysError naming the file.
+    virtual void set_limits(const Limits& limits) = 0;
     virtual Stats stats() const = 0;
     // Just Stats::oom_kills, from one file: the exec path reads it twice per command.
     virtual uint64_t oom_kills() const = 0;

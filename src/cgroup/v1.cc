@@ -1,5 +1,10 @@
 // The v1 driver: one directory per hierarchy (memory, cpu, cpuacct, pids, and freezer when
 // mounted), which may be fewer directories than controllers where hierarchies are co-mounted.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -128,14 +133,54 @@ class V1Cgroup final : public Cgroup {
 
     std::vector<std::string> paths() const override { return d_.unique(); }
 
-    // Sets every limit, unset ones to unlimited, so a reused cgroup carries nothing over.
-    void apply(const Limits& limits) {
-        write_memory_limit(d_.memory, limits.memory_bytes);
+    std::vector<int> open_procs() const override {
+        std::vector<int> fds;
+        try {
+            for (const std::string& dir : d_.unique()) {
+                const std::string file = dir + "/cgroup.procs";
+                fds.push_back(check_sys(
+                    "open", file, [&] { return ::open(file.c_str(), O_WRONLY | O_CLOEXEC); }));
+            }
+        } catch (...) {
+            for (int fd : fds) ::close(fd);
+            throw;
+        }
+        return fds;
+    }
 
+    bool rename(const std::string& name) override {
+        check_relative("name", name, false);
+        std::vector<std::pair<std::string, std::string>> done;  // from, to
+        try {
+            for (const std::string& dir : d_.unique()) {
+                const std::string to = dir.substr(0, dir.rfind('/') + 1) + name;
+                check_sys("rename", dir + " -> " + to,
+                          [&] { return ::rename(dir.c_str(), to.c_str()); });
+                done.emplace_back(dir, to);
+            }
+        } catch (...) {
+            for (auto it = done.rbegin(); it != done.rend(); ++it)
+                ::rename(it->second.c_str(), it->first.c_str());
+            throw;
+        }
+        for (std::string* d :
+             {&d_.memory, &d_.cpu, &d_.cpuacct, &d_.pids, &d_.freezer, &d_.devices})
+            if (!d->empty()) *d = d->substr(0, d->rfind('/') + 1) + name;
+        return true;
+    }
+
+    void set_limits(const Limits& limits) override {
+        check_limits(limits);
+        write_memory_limit(d_.memory, limits.memory_bytes);
         write_file(d_.cpu + "/cpu.cfs_period_us", std::to_string(kCpuPeriodUs));
         write_file(d_.cpu + "/cpu.cfs_quota_us",
                    limits.cpus ? std::to_string(cpu_quota_us(*limits.cpus)) : "-1");
         write_file(d_.pids + "/pids.max", limits.pids ? std::to_string(*limits.pids) : "max");
+    }
+
+    // Sets every limit, unset ones to unlimited, so a reused cgroup carries nothing over.
+    void apply(const Limits& limits) {
+        set_limits(limits);
         // Deny all, then allow the standard nodes (a fresh v1 devices cgroup inherits its
         // parent's list, usually "a *:* rwm"). Without a devices hierarchy the sandbox
         // still has nodev mounts and no device nodes from images; doctor says so.

@@ -1,5 +1,6 @@
 // The v2 driver: one directory in the unified hierarchy, kept open for clone3(CLONE_INTO_CGROUP).
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -88,6 +89,18 @@ class V2Cgroup final : public Cgroup {
     void remove() override { remove_dir(dir_, Clock::now() + kSettleTime); }
 
     std::vector<std::string> paths() const override { return {dir_}; }
+
+    std::vector<int> open_procs() const override {
+        const std::string file = dir_ + "/cgroup.procs";
+        return {check_sys("open", file, [&] { return ::open(file.c_str(), O_WRONLY | O_CLOEXEC); })};
+    }
+
+    bool rename(const std::string&) override { return false; }
+
+    void set_limits(const Limits& limits) override {
+        check_limits(limits);
+        apply(limits);
+    }
 
     // Sets every limit, unset ones to unlimited, so a reused cgroup carries nothing over.
     void apply(const Limits& limits) {

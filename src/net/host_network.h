@@ -44,6 +44,10 @@ struct Attachment {
     // link) until a policy with a network is set.
     std::string address;
     bool linked = false;  // its veth exists
+    // Sandboxes of one peer group reach each other while both are public (the helper's
+    // key: the owner's uid, ':', the group's name, so that no other user's sandbox joins).
+    // Empty: none; fixed at create.
+    std::string peer_group = {};
 };
 
 class HostNetwork {
@@ -57,9 +61,19 @@ class HostNetwork {
     virtual Attachment reserve(const std::string& sandbox_id, const Policy& policy,
                                const std::vector<uint16_t>& host_ports,
                                const std::vector<PublishedPort>& published) = 0;
+    // Ahead of any sandbox (a pooled shell, runtime/helper/shell.h): a veth whose sandbox end
+    // (eth0, down, no address) is made inside `netns_fd` and whose host end, named for
+    // `shell_name`, is on nothing and down, so that attach has only to rename and configure
+    // it. Returns the host end's name ("": this network prepares nothing). The pair goes
+    // with the namespace if the shell dies unassigned.
+    virtual std::string prepare_link(const std::string& shell_name, int netns_fd) = 0;
+    // A prepared link the sandbox has no use for (`none` without host ports): deleted.
+    // Never throws.
+    virtual void discard_link(const std::string& link) noexcept = 0;
     // Makes it, if it has an address: a veth whose sandbox end (eth0, with the address and a
-    // default route) is created inside `netns_fd`, and the rules of its policy.
-    virtual void attach(Attachment& a, int netns_fd) = 0;
+    // default route) is inside `netns_fd` -- the `prepared` link (prepare_link), or one made
+    // now when that is empty -- and the rules of its policy.
+    virtual void attach(Attachment& a, int netns_fd, const std::string& prepared = {}) = 0;
     // A running sandbox's new policy, in force for new connections when this returns;
     // `none` also cuts the established ones. A sandbox without a link gets one first
     // (inside `netns_fd`). On failure the old policy stays in force.

@@ -354,18 +354,19 @@ void Netlink::set_mac(const std::string& link, const std::array<uint8_t, 6>& mac
     transact(req);
 }
 
-void Netlink::set_isolated(const std::string& link) {
+void Netlink::set_isolated(const std::string& link, bool isolated) {
     check_ifname(link);
     // IFLA_BRPORT_ISOLATED: an isolated port forwards to non-isolated ports only (the
     // bridge's own address is not a port), so sandboxes on one bridge cannot reach each
     // other at layer 2, where the forward chain of nftables never sees their packets.
     const int index = ifindex(link);
-    Request req(RTM_SETLINK, 0, "RTM_SETLINK", link + " isolated in " + netns_);
+    Request req(RTM_SETLINK, 0, "RTM_SETLINK",
+                link + (isolated ? " isolated in " : " not isolated in ") + netns_);
     auto* ifi = req.put_header<ifinfomsg>();
     ifi->ifi_family = AF_BRIDGE;
     ifi->ifi_index = index;
     nlattr* port = req.nest_start(IFLA_PROTINFO | NLA_F_NESTED);
-    const std::uint8_t on = 1;
+    const std::uint8_t on = isolated ? 1 : 0;
     req.put(IFLA_BRPORT_ISOLATED, &on, sizeof on);
     req.nest_end(port);
     transact(req);

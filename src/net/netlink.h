@@ -56,7 +56,7 @@ class Netlink {
     void set_mac(const std::string& link, const std::array<uint8_t, 6>& mac);
     // Makes bridge port `link` isolated: it forwards to no other isolated port (sandboxes
     // on one bridge do not reach each other), only to the bridge itself and others.
-    void set_isolated(const std::string& link);
+    void set_isolated(const std::string& link, bool isolated = true);
     // Older kernels refuse to rename a link that is up (EBUSY: kind invalid_argument).
     void rename(const std::string& from, const std::string& to);
     // Deleting either end of a veth pair deletes both.

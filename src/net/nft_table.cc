@@ -286,6 +286,8 @@ table inet @TABLE@ {
   set hostports4 { type ipv4_addr . inet_service; }
   # Published ports: host address . host port : sandbox address . its port (TCP).
   map published4 { type ipv4_addr . inet_service : ipv4_addr . inet_service; }
+  # Pairs of public sandboxes of one peer group (both directions): they reach each other.
+  set peers4 { type ipv4_addr . ipv4_addr; }
 
   # The filter chains run at filter - 10, before the usual priority-0 chains (iptables-nft's,
   # firewalld's, Docker's). In nftables an accept ends only its own chain and any other chain
@@ -300,6 +302,9 @@ table inet @TABLE@ {
   # so it is dropped rather than accepted as the sender's outbound traffic.
   chain forward {
     type filter hook forward priority filter - 10; policy accept;
+    # Peers, where br_netfilter hands bridged frames to these hooks (the bridge table's
+    # forward chain decides them at layer 2 in any case).
+    iifname "@BRIDGE@" oifname "@BRIDGE@" ip saddr . ip daddr @peers4 accept
     oifname "@BRIDGE@" jump to_sandbox
     iifname "@BRIDGE@" jump from_sandbox
   }
@@ -399,10 +404,24 @@ table bridge @TABLE@ {
   # Only frames from this berth's sandbox ports (another berth on the host, with a bridge
   # of its own, has its own table). A port is in `links` before its link is up.
   set links { type ifname; }
+  # Pairs of sandbox ports (both directions) whose sandboxes are peers: public, of one peer
+  # group. Other ports are isolated bridge ports (they never forward to one another); a
+  # peer's port is not, so every frame from one sandbox port to another is decided here.
+  set peers { type ifname . ifname; }
 
   chain prerouting {
     type filter hook prerouting priority -300; policy accept;
     iifname @links jump from_sandbox_port
+  }
+
+  chain forward {
+    type filter hook forward priority -300; policy accept;
+    iifname @links oifname @links jump between_sandboxes
+  }
+
+  chain between_sandboxes {
+    iifname . oifname @peers accept
+    drop
   }
 
   chain from_sandbox_port {
@@ -623,17 +642,74 @@ void NftTable::apply(const std::string& sandbox_ip, bool is_public, bool is_list
         "apply");
 }
 
-void NftTable::set_host_ports(const std::string& sandbox_ip, const std::vector<uint16_t>& ports) {
-    const std::string ip = checked_sandbox(sandbox_ip);
+namespace {
+
+// hostports4 elements of checked sandbox address `ip`.
+std::vector<std::string> host_port_elements(const std::string& ip,
+                                            const std::vector<uint16_t>& ports) {
     // Sorted and once each: nft refuses a duplicate within one command.
     const std::set<uint16_t> wanted(ports.begin(), ports.end());
     if (wanted.count(0)) invalid("host port 0: no program listens there");
-    std::string add;
-    if (!wanted.empty()) {
-        std::vector<std::string> elements;
-        for (uint16_t port : wanted) elements.push_back(ip + " . " + std::to_string(port));
-        add = add_command(config_.table, "hostports4", elements);
+    std::vector<std::string> elements;
+    for (uint16_t port : wanted) elements.push_back(ip + " . " + std::to_string(port));
+    return elements;
+}
+
+// published4 elements of checked sandbox address `ip`.
+std::vector<std::string> published_elements(const std::string& ip,
+                                            const std::vector<PublishedPort>& ports) {
+    std::vector<std::string> elements;
+    for (const PublishedPort& p : ports) {
+        if (p.host_port == 0 || p.port == 0) invalid("published port 0: not a port");
+        elements.push_back(checked_ipv4(p.host_ip, "published host address") + " . " +
+                           std::to_string(p.host_port) + " : " + ip + " . " +
+                           std::to_string(p.port));
     }
+    return elements;
+}
+
+// Adds `ip` to `set`.
+std::string membership_command(const std::string& table, const char* set, const std::string& ip) {
+    return "add element inet " + table + " " + set + " { " + ip + " }\n";
+}
+
+}  // namespace
+
+void NftTable::add_sandbox(const std::string& sandbox_ip, const std::string& link,
+                           const std::vector<uint16_t>& host_ports,
+                           const std::vector<PublishedPort>& published, bool is_public,
+                           bool is_listed, const std::vector<AllowRule>& rules) {
+    const std::string ip = checked_sandbox(sandbox_ip);
+    if (!is_name(link)) invalid("link name: [A-Za-z0-9_-], 15 at most: " + shown(link));
+    run("add element bridge " + config_.table + " ports4 { \"" + link + "\" . " + ip +
+            " }\nadd element bridge " + config_.table + " links { \"" + link + "\" }\n" +
+            add_command(config_.table, "hostports4", host_port_elements(ip, host_ports)) +
+            add_command(config_.table, "published4", published_elements(ip, published)) +
+            (is_public ? membership_command(config_.table, "public4", ip) : "") +
+            (is_listed ? membership_command(config_.table, "listed4", ip) : "") +
+            add_command(config_.table, "allow4", allowed_elements(ip, rules)),
+        "add_sandbox");
+}
+
+void NftTable::set_peers(const std::string& link_a, const std::string& ip_a,
+                         const std::string& link_b, const std::string& ip_b, bool on) {
+    const std::string a = checked_sandbox(ip_a), b = checked_sandbox(ip_b);
+    for (const std::string* link : {&link_a, &link_b})
+        if (!is_name(*link)) invalid("link name: [A-Za-z0-9_-], 15 at most: " + shown(*link));
+    if (link_a == link_b || a == b) invalid("a sandbox is not its own peer");
+    const std::string& t = config_.table;
+    const std::string ports = "element bridge " + t + " peers { \"" + link_a + "\" . \"" +
+                              link_b + "\", \"" + link_b + "\" . \"" + link_a + "\" }\n";
+    const std::string addresses =
+        "element inet " + t + " peers4 { " + a + " . " + b + ", " + b + " . " + a + " }\n";
+    // (Adding what is there is a no-op: "add; delete" removes whether or not it was.)
+    const std::string add = "add " + ports + "add " + addresses;
+    run(on ? add : add + "delete " + ports + "delete " + addresses, "set_peers");
+}
+
+void NftTable::set_host_ports(const std::string& sandbox_ip, const std::vector<uint16_t>& ports) {
+    const std::string ip = checked_sandbox(sandbox_ip);
+    const std::string add = add_command(config_.table, "hostports4", host_port_elements(ip, ports));
     // Delete-then-add in one transaction: a port in both stays, and no packet sees the
     // sandbox with neither set of ports.
     run_listing(
@@ -646,13 +722,7 @@ void NftTable::set_host_ports(const std::string& sandbox_ip, const std::vector<u
 void NftTable::set_published(const std::string& sandbox_ip,
                              const std::vector<PublishedPort>& ports) {
     const std::string ip = checked_sandbox(sandbox_ip);
-    std::vector<std::string> elements;
-    for (const PublishedPort& p : ports) {
-        if (p.host_port == 0 || p.port == 0) invalid("published port 0: not a port");
-        elements.push_back(checked_ipv4(p.host_ip, "published host address") + " . " +
-                           std::to_string(p.host_port) + " : " + ip + " . " +
-                           std::to_string(p.port));
-    }
+    const std::vector<std::string> elements = published_elements(ip, ports);
     run_listing(
         [&] {
             return delete_command(config_.table, "published4", elements_of("published4", ip)) +

@@ -100,6 +100,19 @@ class NftTable {
     // makes sure a host address and port is published once: the kernel refuses a duplicate
     // key.)
     void set_published(const std::string& sandbox_ip, const std::vector<PublishedPort>& ports);
+    // A new sandbox whole, in one transaction of additions only (no listing: the fast path
+    // of a create): its port and link (set_port), host ports, published ports, memberships
+    // and allow4 entries. The table must hold nothing of `sandbox_ip` (a fresh table, or
+    // forget() succeeded since): the caller hands out no address whose forget failed.
+    void add_sandbox(const std::string& sandbox_ip, const std::string& link,
+                     const std::vector<uint16_t>& host_ports,
+                     const std::vector<PublishedPort>& published, bool is_public, bool is_listed,
+                     const std::vector<AllowRule>& rules);
+    // Two sandboxes (host end of each veth, address) reach each other (`on`) or no longer:
+    // the pair in both directions, in `peers` (layer 2) and `peers4`. The caller keeps
+    // track of pairs and removes them before forget().
+    void set_peers(const std::string& link_a, const std::string& ip_a, const std::string& link_b,
+                   const std::string& ip_b, bool on);
     // Removes the sandbox from every set (it is being deleted).
     void forget(const std::string& sandbox_ip);
 

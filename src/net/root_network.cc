@@ -134,6 +134,13 @@ std::string host_link(const std::string& sandbox_id) {
     return "bh" + sandbox_id.substr(0, 12);
 }
 
+// The host end of a pooled shell's veth before it is a sandbox's: "bs" and 12 hex digits
+// of the shell's name.
+std::string prepared_link(const std::string& shell_name) {
+    const size_t dash = shell_name.rfind('-');
+    return "bs" + shell_name.substr(dash == std::string::npos ? 0 : dash + 1, 12);
+}
+
 class RootNetwork final : public HostNetwork {
   public:
     explicit RootNetwork(const RootNetworkConfig& config)
@@ -168,17 +175,59 @@ class RootNetwork final : public HostNetwork {
         return a;
     }
 
-    void attach(Attachment& a, int netns_fd) override {
+    std::string prepare_link(const std::string& shell_name, int netns_fd) override {
+        const std::string host = prepared_link(shell_name);
+        host_nl_.add_veth(host, "eth0", netns_fd);
+        return host;
+    }
+
+    void discard_link(const std::string& link) noexcept override {
+        try {
+            host_nl_.delete_link(link);
+        } catch (const Error& e) {
+            if (e.kind() != Error::Kind::not_found)
+                std::fprintf(stderr, "berth-helper: %s\n", e.what());
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "berth-helper: %s\n", e.what());
+        }
+    }
+
+    void attach(Attachment& a, int netns_fd, const std::string& prepared) override {
         if (a.address.empty()) return;
         ensure_ready();
-        make_link(a, netns_fd);
-        table_->set_host_ports(a.address, a.host_ports);
-        table_->set_published(a.address, a.published);
-        apply(a.address, a.policy);
+        // The DNS first (as in apply), then everything of the table in one transaction with
+        // no listing: an address is handed out only when the table holds nothing of it.
+        if (dns_) dns_->set_policy(a.address, a.policy);
+        make_link(a, netns_fd, prepared, [&](const std::string& host) {
+            table_->add_sandbox(a.address, host, a.host_ports, a.published,
+                                a.policy.mode == Mode::public_egress,
+                                a.policy.mode == Mode::allowlist, address_rules(a.policy));
+        });
+        join_peers(a);
     }
 
     void set_policy(Attachment& a, const Policy& policy, int netns_fd) override {
         check_enforceable(policy);
+        // Out of its peer group first, so that leaving `public` cuts its peers at once too.
+        const bool was_peer = is_peer(a);
+        if (policy.mode != Mode::public_egress) leave_peers(a);
+        try {
+            set_policy_rules(a, policy, netns_fd);
+        } catch (...) {
+            if (was_peer) {
+                try {
+                    join_peers(a);
+                } catch (const std::exception& e) {
+                    std::fprintf(stderr, "berth-helper: rejoining the peers of %s: %s\n",
+                                 a.sandbox_id.c_str(), e.what());
+                }
+            }
+            throw;
+        }
+        join_peers(a);
+    }
+
+    void set_policy_rules(Attachment& a, const Policy& policy, int netns_fd) {
         const bool had_address = !a.address.empty(), had_link = a.linked;
         if (!had_address) {
             if (policy.mode == Mode::none) {
@@ -221,14 +270,20 @@ class RootNetwork final : public HostNetwork {
     }
 
     void release(const Attachment& a) noexcept override {
+        leave_peers(a);
         holds_.erase(a.sandbox_id);
         if (a.address.empty()) return;
         if (dns_) dns_->forget(a.address);
         try {
             if (ready_) table_->forget(a.address);
         } catch (const std::exception& e) {
-            std::fprintf(stderr, "berth-helper: forgetting %s in nftables: %s\n", a.address.c_str(),
-                         e.what());
+            // Not handed out again (a create adds to the table without looking first): the
+            // address stays taken until the next start, which makes the table anew.
+            std::fprintf(stderr,
+                         "berth-helper: forgetting %s in nftables: %s (the address is not used "
+                         "again until berthd restarts)\n",
+                         a.address.c_str(), e.what());
+            return;
         }
         try {
             host_nl_.delete_link(host_link(a.sandbox_id));
@@ -262,6 +317,7 @@ class RootNetwork final : public HostNetwork {
         }
         table_->set_published(a.address, a.published);
         apply(a.address, a.policy);
+        join_peers(a);
     }
 
     int sweep(const std::set<std::string>& live) override {
@@ -359,13 +415,22 @@ class RootNetwork final : public HostNetwork {
 
     // The veth: its host end a port of the bridge, isolated from the other sandboxes'
     // ports; its sandbox end eth0 with the address and a default route via the gateway.
-    void make_link(Attachment& a, int netns_fd) {
+    // `add_rules(host end)` puts its table entries in place before the port forwards
+    // anything (default: only its anti-spoofing entry).
+    void make_link(Attachment& a, int netns_fd, const std::string& prepared = {},
+                   const std::function<void(const std::string&)>& add_rules = {}) {
         const std::string host = host_link(a.sandbox_id);
-        host_nl_.add_veth(host, "eth0", netns_fd);
+        if (prepared.empty())
+            host_nl_.add_veth(host, "eth0", netns_fd);
+        else
+            host_nl_.rename(prepared, host);  // (down: any kernel renames it)
         a.linked = true;
         host_nl_.set_master(host, config_.bridge);
         host_nl_.set_isolated(host);
-        table_->set_port(a.address, host);
+        if (add_rules)
+            add_rules(host);
+        else
+            table_->set_port(a.address, host);
         host_nl_.set_up(host);
         Netlink inside = Netlink::in_netns(netns_fd);
         inside.add_address("eth0", a.address, subnet_.prefix);
@@ -375,18 +440,81 @@ class RootNetwork final : public HostNetwork {
 
     // The policy's rules: the sets the sandbox is in and its allowed destinations. (Its
     // hostnames are the DNS resolver's to let through, address by address.)
-    void apply(const std::string& address, const Policy& policy) {
-        std::vector<AllowRule> rules;
-        if (policy.mode == Mode::allowlist) {
-            for (const AllowEntry& e : policy.allow) {
-                if (e.kind != AllowEntry::Kind::cidr) continue;
-                rules.push_back(AllowRule{.cidr = e.value,
-                                          .proto = {},
-                                          .port_from = e.port_from,
-                                          .port_to = e.port_to,
-                                          .timeout = {}});
+    bool is_peer(const Attachment& a) const {
+        auto it = groups_.find(a.peer_group);
+        return it != groups_.end() && it->second.count(a.sandbox_id) > 0;
+    }
+
+    // A public, linked sandbox of a peer group: a pair with each other such member, and its
+    // port no longer isolated (the bridge table decides between sandbox ports). All or none.
+    void join_peers(const Attachment& a) {
+        if (a.peer_group.empty() || a.policy.mode != Mode::public_egress || !a.linked ||
+            is_peer(a))
+            return;
+        const std::string link = host_link(a.sandbox_id);
+        std::set<std::string>& members = groups_[a.peer_group];
+        std::vector<std::string> paired;
+        try {
+            for (const std::string& other : members) {
+                const Member& m = members_.at(other);
+                table_->set_peers(link, a.address, m.link, m.address, true);
+                paired.push_back(other);
+            }
+            host_nl_.set_isolated(link, false);
+        } catch (...) {
+            for (const std::string& other : paired) {
+                try {
+                    const Member& m = members_.at(other);
+                    table_->set_peers(link, a.address, m.link, m.address, false);
+                } catch (const std::exception&) {
+                }
+            }
+            if (members.empty()) groups_.erase(a.peer_group);
+            throw;
+        }
+        members.insert(a.sandbox_id);
+        members_[a.sandbox_id] = Member{link, a.address};
+    }
+
+    // Out of its peer group (switched away from public, or released). Never throws.
+    void leave_peers(const Attachment& a) noexcept {
+        auto it = groups_.find(a.peer_group);
+        if (it == groups_.end() || it->second.erase(a.sandbox_id) == 0) return;
+        const Member self = members_[a.sandbox_id];
+        members_.erase(a.sandbox_id);
+        for (const std::string& other : it->second) {
+            try {
+                const Member& m = members_.at(other);
+                table_->set_peers(self.link, self.address, m.link, m.address, false);
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "berth-helper: unpairing %s: %s\n", a.sandbox_id.c_str(),
+                             e.what());
             }
         }
+        if (it->second.empty()) groups_.erase(it);
+        try {
+            host_nl_.set_isolated(self.link, true);
+        } catch (const std::exception&) {
+            // Its link is gone already (a delete): nothing to isolate.
+        }
+    }
+
+    static std::vector<AllowRule> address_rules(const Policy& policy) {
+        std::vector<AllowRule> rules;
+        if (policy.mode != Mode::allowlist) return rules;
+        for (const AllowEntry& e : policy.allow) {
+            if (e.kind != AllowEntry::Kind::cidr) continue;
+            rules.push_back(AllowRule{.cidr = e.value,
+                                      .proto = {},
+                                      .port_from = e.port_from,
+                                      .port_to = e.port_to,
+                                      .timeout = {}});
+        }
+        return rules;
+    }
+
+    void apply(const std::string& address, const Policy& policy) {
+        const std::vector<AllowRule> rules = address_rules(policy);
         // The DNS first: a sandbox switched away from allowlist or public must not get one
         // more answer opening an address after its rules changed.
         if (dns_) dns_->set_policy(address, policy);
@@ -455,6 +583,13 @@ class RootNetwork final : public HostNetwork {
     std::unique_ptr<SandboxDns> dns_;  // berth's DNS on the gateway, once ready
     std::set<uint32_t> used_;
     std::map<std::string, std::vector<UniqueFd>> holds_;  // published ports, by sandbox id
+    // Peer groups: the ids of their members that are peers now (public, linked), and each
+    // such member's host link and address.
+    struct Member {
+        std::string link, address;
+    };
+    std::map<std::string, std::set<std::string>> groups_;
+    std::map<std::string, Member> members_;
     bool ready_ = false;
 };
 

@@ -13,6 +13,7 @@ BERTH_TEST_CGROUP_DRIVER=v1|v2 set, every test fails if the host would use the o
 """
 import itertools
 import os
+from typing import List
 import shutil
 import signal
 import stat
@@ -183,6 +184,7 @@ class Daemon:
         self.extra_env = dict(env or {})
         self.socket = str(self.runtime_dir / "berth.sock")
         self.cgroup_parent = f"berth-it-{os.getpid()}-{n}"
+        hostutil.register_daemon(self.cgroup_parent, self.runtime_dir)
         self.lease = lease
         self.max_frame = max_frame
         self.extra_args = list(extra_args)
@@ -244,6 +246,28 @@ class Daemon:
         assert len(images) == 1, f"expected one berth-images child of berthd, got {images}"
         self.images_pid = images[0]
         return self
+
+    @property
+    def pool_size(self) -> int:
+        """How many sandbox shells its helper keeps ready (berthd --pool, default 4)."""
+        args = self.extra_args
+        for i, a in enumerate(args):
+            if a == "--pool" and i + 1 < len(args):
+                return int(args[i + 1])
+            if a.startswith("--pool="):
+                return int(a.split("=", 1)[1])
+        return 4
+
+    def wait_pool_full(self, timeout: float = 15.0) -> List[int]:
+        """Waits until the helper's shell pool is full (each shell in its cgroup); returns
+        the shells' pids."""
+        def full():
+            shells = hostutil.pool_shell_pids(self.cgroup_parent, self.ids() if
+                                              hostutil.CGROUP_V2 else ())
+            return shells if len(shells) == self.pool_size else None
+        if self.pool_size == 0:
+            return []
+        return hostutil.wait_for(full, timeout, what=f"{self.pool_size} pooled shells")
 
     def log(self) -> str:
         try:
@@ -352,7 +376,7 @@ class Daemon:
                 self.stop()
             except AssertionError as e:
                 problems.append(str(e))
-        leftovers = hostutil.sandbox_cgroup_dirs(self.cgroup_parent)
+        leftovers = hostutil.sandbox_cgroup_dirs(self.cgroup_parent, include_shells=True)
         if leftovers:
             problems.append(f"cgroup dirs left behind: {[str(p) for p in leftovers]}")
         for p in leftovers:

@@ -6,6 +6,7 @@ v2 if the cgroup2 hierarchy's root cgroup.controllers lists memory, cpu and pids
       pids, freezer; cpuacct and freezer are optional in berth).
   v2: one directory, <cgroup2 mount>/<parent>/<id>.
 """
+import json
 import os
 import time
 from pathlib import Path
@@ -175,18 +176,72 @@ def parent_dirs(parent: str) -> List[Path]:
     return [h / parent for h in cgroup_hierarchies()]
 
 
+# cgroup parent -> the runtime dir of the berthd using it (conftest.Daemon registers itself):
+# where the helper's state file says what a sandbox's cgroup is called.
+_RUNTIME_DIRS: Dict[str, Path] = {}
+
+
+def register_daemon(parent: str, runtime_dir: Path):
+    _RUNTIME_DIRS[parent] = Path(runtime_dir)
+
+
+def cgroup_name(parent: str, sandbox_id: str) -> str:
+    """The name of a sandbox's cgroup under the parent: its id on v1 (the helper renames its
+    shell's cgroup), its shell's name on v2 (cgroup2 cannot rename), as the helper's state
+    file records it; the id when there is no state file (yet)."""
+    run = _RUNTIME_DIRS.get(parent)
+    if run is not None and sandbox_id:
+        try:
+            state = json.loads((run / "sandboxes" / sandbox_id / "state.json").read_text())
+            return state.get("cgroup_name") or sandbox_id
+        except (OSError, ValueError):
+            pass
+    return sandbox_id
+
+
 def cgroup_dirs(parent: str, sandbox_id: str) -> List[Path]:
     """A sandbox's cgroup directories: one on v2, one per hierarchy on v1 (existing or not)."""
-    return [p / sandbox_id for p in parent_dirs(parent)]
+    name = cgroup_name(parent, sandbox_id)
+    return [p / name for p in parent_dirs(parent)]
 
 
-def sandbox_cgroup_dirs(parent: str) -> List[Path]:
-    """Every sandbox directory that exists under the cgroup parent, in all hierarchies."""
+def is_shell_cgroup(name: str) -> bool:
+    """A sandbox shell's cgroup (runtime/helper/shell.h): "shell-" and 24 hex digits."""
+    return name.startswith("shell-") and len(name) == 30
+
+
+def sandbox_cgroup_dirs(parent: str, include_shells: bool = False) -> List[Path]:
+    """Every sandbox directory that exists under the cgroup parent, in all hierarchies; with
+    include_shells, the pooled shells' too (on v2 a sandbox's may be named like one)."""
     out = []
     for p in parent_dirs(parent):
         if p.is_dir():
-            out.extend(sorted(x for x in p.iterdir() if x.is_dir()))
+            out.extend(sorted(x for x in p.iterdir() if x.is_dir() and
+                              (include_shells or not is_shell_cgroup(x.name) or CGROUP_V2)))
     return out
+
+
+def pool_shell_pids(parent: str, sandbox_ids=()) -> List[int]:
+    """The pid of each pooled shell that is in its cgroup (one process each), from the pids
+    hierarchy; on v2, `sandbox_ids`' cgroups (named like shells) are not counted."""
+    kept = {cgroup_name(parent, sid) for sid in sandbox_ids}
+    base = cgroup_dir("pids", parent)
+    out = []
+    for p in sorted(base.iterdir()) if base.is_dir() else []:
+        if not is_shell_cgroup(p.name) or p.name in kept:
+            continue
+        try:
+            pids = [int(x) for x in (p / "cgroup.procs").read_text().split()]
+        except FileNotFoundError:
+            continue
+        if len(pids) == 1:
+            out.append(pids[0])
+    return out
+
+
+def shell_cgroup_dirs(parent: str) -> List[Path]:
+    """The cgroups of pooled shells (v1: every shell-* dir, sandboxes being named by id)."""
+    return [p for p in sandbox_cgroup_dirs(parent, include_shells=True) if is_shell_cgroup(p.name)]
 
 
 def cgroup_exists(parent: str, sandbox_id: str) -> bool:
@@ -199,7 +254,7 @@ def cgroup_dir(controller: str, parent: str, sandbox_id: str = "") -> Path:
     sandbox_id is empty): <controller's v1 hierarchy>/... on v1, the one v2 directory on v2."""
     base = V2_ROOT if CGROUP_V2 else V1_MOUNTS.get(controller, CGROUP_ROOT / controller)
     p = base / parent
-    return p / sandbox_id if sandbox_id else p
+    return p / cgroup_name(parent, sandbox_id) if sandbox_id else p
 
 
 def cgroup_file(controller: str, parent: str, sandbox_id: str, name: str) -> Path:

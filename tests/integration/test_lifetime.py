@@ -262,13 +262,15 @@ def test_cycles_leave_nothing_behind(fresh_daemon, busybox_rootfs):
         # (Once the janitor has emptied what the warm-up's deletes gave it.)
         hostutil.wait_for(lambda: snapshot(d)["trash entries"] == 0, 10,
                           what="the janitor to empty the trash")
+        # The helper's shell pool refills between creates: counted full, before and after.
+        d.wait_pool_full()
         before = snapshot(d)  # taken and compared with our connection open
         t0 = time.monotonic()
         for i in range(CYCLES):
             cycle(i)
         elapsed = time.monotonic() - t0
         try:
-            hostutil.wait_for(lambda: snapshot(d) == before, 5,
+            hostutil.wait_for(lambda: d.wait_pool_full() and snapshot(d) == before, 5,
                               what="the counts to return to their starting values")
         except AssertionError:  # report what differs
             after = snapshot(d)

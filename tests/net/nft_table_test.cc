@@ -275,6 +275,48 @@ TEST_F(NftTableTest, ForgetRemovesThatSandboxFromEverySet) {
     EXPECT_EQ(elements("hostports4"), Set{});
 }
 
+TEST_F(NftTableTest, AddSandboxIsOneTransactionOfAdditions) {
+    NftTable table(test_config());
+    table.create();
+    table.add_sandbox(kSandboxA, "bhaaaa", {8080, 22}, {{"127.0.0.1", 9000, 80}}, false, true,
+                      {{.cidr = "1.2.3.0/24", .proto = "tcp", .port_from = 443, .port_to = 443}});
+    EXPECT_EQ(elements("public4"), Set{});
+    EXPECT_EQ(elements("listed4"), Set{kSandboxA});
+    EXPECT_EQ(elements("hostports4"), (Set{"10.88.0.2 . 22", "10.88.0.2 . 8080"}));
+    EXPECT_EQ(elements("allow4"), Set{"10.88.0.2 . 1.2.3.0/24 . tcp . 443"});
+    const std::string bridge = nft("list table bridge berth_t");
+    EXPECT_NE(bridge.find("\"bhaaaa\" . 10.88.0.2"), std::string::npos) << bridge;
+    // A bad part refuses the whole: nothing of B is added.
+    const std::string before = table.list();
+    error_of([&] { table.add_sandbox(kSandboxB, "bhbbbb", {0}, {}, true, false, {}); });
+    error_of([&] { table.add_sandbox(kSandboxB, "bh\" accept", {}, {}, true, false, {}); });
+    EXPECT_EQ(table.list(), before);
+    table.forget(kSandboxA);
+    EXPECT_EQ(elements("listed4"), Set{});
+    EXPECT_EQ(elements("allow4"), Set{});
+}
+
+TEST_F(NftTableTest, SetPeersAddsAndRemovesBothDirections) {
+    NftTable table(test_config());
+    table.create();
+    table.set_peers("bhaaaa", kSandboxA, "bhbbbb", kSandboxB, true);
+    table.set_peers("bhaaaa", kSandboxA, "bhbbbb", kSandboxB, true);  // again: no error
+    EXPECT_EQ(elements("peers4"), (Set{"10.88.0.2 . 10.88.0.3", "10.88.0.3 . 10.88.0.2"}));
+    const std::string bridge = nft("list set bridge berth_t peers");
+    EXPECT_NE(bridge.find("\"bhaaaa\" . \"bhbbbb\""), std::string::npos) << bridge;
+    EXPECT_NE(bridge.find("\"bhbbbb\" . \"bhaaaa\""), std::string::npos) << bridge;
+    table.set_peers("bhaaaa", kSandboxA, "bhbbbb", kSandboxB, false);
+    table.set_peers("bhaaaa", kSandboxA, "bhbbbb", kSandboxB, false);  // gone: no error
+    EXPECT_EQ(elements("peers4"), Set{});
+    EXPECT_EQ(nft("list set bridge berth_t peers").find("bhaaaa"), std::string::npos);
+    // Validated before any command.
+    error_of([&] { table.set_peers("bhaaaa", kSandboxA, "bhaaaa", kSandboxB, true); });
+    error_of([&] { table.set_peers("bhaaaa", kSandboxA, "bhbbbb", kSandboxA, true); });
+    error_of([&] { table.set_peers("bh\" }", kSandboxA, "bhbbbb", kSandboxB, true); });
+    error_of([&] { table.set_peers("bhaaaa", "10.99.0.2", "bhbbbb", kSandboxB, true); });
+    EXPECT_EQ(elements("peers4"), Set{});
+}
+
 TEST_F(NftTableTest, ConfigIsValidated) {
     auto make = [](auto edit) {
         return [edit] {

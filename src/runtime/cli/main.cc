@@ -83,6 +83,7 @@ struct CreateOptions {
     std::vector<std::string> allow;
     std::vector<uint32_t> host_ports;
     std::vector<std::string> publish;
+    std::string peer_group;
     double cpus = 0;
     uint64_t pids = 0;
     bool storage_given = false;
@@ -122,6 +123,9 @@ struct CreateOptions {
                         "[HOSTIP:]HOSTPORT:PORT: the host's HOSTIP:HOSTPORT (default 127.0.0.1) "
                         "goes to the sandbox's TCP PORT (repeatable)")
             ->allow_extra_args(false);  // one value each: `-p 80:80 IMAGE` keeps IMAGE
+        cmd->add_option("--peer-group", peer_group,
+                        "public sandboxes of yours in the same group reach each other (default: "
+                        "every sandbox is isolated from every other)");
         cmd->add_option("--owner", owner,
                         "root only: the host uid the sandbox belongs to (default: yours)");
         cmd->add_option("--sandbox-workdir", workdir,
@@ -148,6 +152,7 @@ struct CreateOptions {
         for (const auto& entry : allow) c.add_allow(entry);
         for (uint32_t port : host_ports) c.add_host_ports(port);
         for (const auto& spec : publish) *c.add_publish() = published_port(spec);
+        c.set_peer_group(peer_group);
         c.set_persistent(persistent);
         c.set_workdir(workdir);
         if (owner) c.set_owner_uid(*owner);
@@ -290,6 +295,7 @@ int doctor(const std::string& socket) {
         std::cout << "daemon:          berthd " << c.hello().server_version() << " at " << socket
                   << " (cgroup " << c.hello().cgroup_driver() << ")\n";
         std::cout << "network:         " << c.hello().network() << "\n";
+        std::cout << "shell pool:      " << c.hello().pool() << "\n";
     } catch (const ClientError& e) {
         std::cout << "daemon:          " << e.what() << "\n";
         return 1;

@@ -202,6 +202,13 @@ int main(int argc, char** argv) {
     app.add_option("--dns", dns,
                    "DNS servers public sandboxes use (repeatable; default: the host's "
                    "resolv.conf servers that are not loopback stubs)");
+    size_t pool = 4;
+    app.add_option("--pool", pool,
+                   "sandbox shells the helper keeps ready (namespaces made, cgroup joined, veth "
+                   "made), so that a create only assigns one; each holds a few hundred KiB. 0: "
+                   "every create starts its own")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 256));
     CLI11_PARSE(app, argc, argv);
     uint64_t default_storage_bytes = 0;
     if (default_storage != "none") {
@@ -287,7 +294,8 @@ int main(int argc, char** argv) {
                                              "--daemon-gid",    std::to_string(gid),
                                              "--cgroup-parent", cgroup_parent,
                                              "--total-memory",  std::to_string(budget.total_memory),
-                                             "--total-pids",    std::to_string(budget.total_pids)};
+                                             "--total-pids",    std::to_string(budget.total_pids),
+                                             "--pool",          std::to_string(pool)};
         if (bridge != "none") {
             helper_args.insert(helper_args.end(), {"--bridge", bridge, "--subnet", subnet});
             // Chosen by the admin (not the defaults): unusable, they stop berthd.
@@ -332,6 +340,7 @@ int main(int argc, char** argv) {
         config.allowed_group_name = group;
         config.cgroup_driver = driver_name;
         config.network = hello.ready().network();
+        config.pool = hello.ready().pool();
         config.default_storage_bytes = default_storage_bytes;
         config.budget = budget;
         config.max_connections = max_connections;

@@ -68,13 +68,14 @@ bool SandboxRegistry::name_taken(const std::string& name) const {
 }
 
 Sandbox& SandboxRegistry::add(v1::SandboxInfo info, std::string init_socket,
-                              uint64_t init_start_time) {
+                              uint64_t init_start_time, const std::string& cgroup_name) {
     auto sandbox = std::make_unique<Sandbox>();
     sandbox->info = std::move(info);
     sandbox->init_socket = std::move(init_socket);
     sandbox->init_start_time = init_start_time;
     try {
-        sandbox->cgroup = driver_->open(sandbox->info.id());
+        // Its shell's name (runtime/helper/shell.h); a sandbox of an older berth: its id.
+        sandbox->cgroup = driver_->open(cgroup_name.empty() ? sandbox->info.id() : cgroup_name);
     } catch (const std::exception&) {
         // Stats will read as zero; the sandbox itself still works.
     }
@@ -126,10 +127,25 @@ std::vector<SandboxRegistry::Found> SandboxRegistry::scan() const {
             found.info.set_rootfs(state.value("rootfs", ""));
             found.info.set_hostname(state.value("hostname", ""));
             found.info.set_host_root_uid(state.value("host_root_uid", 0u));
-            found.info.set_network(state.value("network", std::string("none")) == "public"
-                                       ? v1::NETWORK_PUBLIC
-                                       : v1::NETWORK_NONE);
+            const std::string network = state.value("network", std::string("none"));
+            found.info.set_network(network == "public"      ? v1::NETWORK_PUBLIC
+                                   : network == "allowlist" ? v1::NETWORK_ALLOWLIST
+                                                            : v1::NETWORK_NONE);
+            for (const auto& a : state.value("allow", std::vector<std::string>{}))
+                found.info.add_allow(a);
+            for (uint32_t p : state.value("host_ports", std::vector<uint32_t>{}))
+                found.info.add_host_ports(p);
+            for (const auto& p : state.value("published", nlohmann::json::array())) {
+                auto* out = found.info.add_publish();
+                out->set_host_ip(p.value("host_ip", std::string()));
+                out->set_host_port(p.value("host_port", 0u));
+                out->set_port(p.value("port", 0u));
+            }
             found.info.set_address(state.value("address", std::string()));
+            found.cgroup_name = state.value("cgroup_name", std::string());
+            // (The helper's key is UID:NAME; the name is what the client gave.)
+            const std::string group = state.value("peer_group", std::string());
+            found.info.set_peer_group(group.substr(group.find(':') + 1));
             found.info.set_cgroup_driver(state.value("cgroup_driver", ""));
             for (const auto& p : state.value("cgroup_paths", std::vector<std::string>{}))
                 found.info.add_cgroup_paths(p);

@@ -43,7 +43,9 @@ class SandboxRegistry {
     // True while the sandbox's init (pid and start time as recorded) is running.
     bool init_alive(const Sandbox& sandbox) const;
 
-    Sandbox& add(v1::SandboxInfo info, std::string init_socket, uint64_t init_start_time);
+    // `cgroup_name`: its cgroup under berth's parent (empty: an older berth's, named by the id).
+    Sandbox& add(v1::SandboxInfo info, std::string init_socket, uint64_t init_start_time,
+                 const std::string& cgroup_name);
     void remove(const std::string& id);
     std::vector<Sandbox*> all();
 
@@ -55,6 +57,7 @@ class SandboxRegistry {
         v1::SandboxInfo info;
         std::string init_socket;
         uint64_t init_start_time = 0;
+        std::string cgroup_name;
         bool alive = false;
     };
     // Sandboxes left by an earlier daemon, from the runtime dir.

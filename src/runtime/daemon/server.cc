@@ -337,6 +337,7 @@ void Server::handle_hello(const std::shared_ptr<Session>& session, uint64_t id,
     h->set_max_frame_bytes(config_.max_frame);
     h->set_cgroup_driver(config_.cgroup_driver);
     h->set_network(config_.network);
+    h->set_pool(config_.pool);
     session->send(reply);
 }
 
@@ -387,6 +388,16 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
         }
     }
     const uid_t owner = req.has_owner_uid() ? req.owner_uid() : session->uid;
+    const std::string& group = req.peer_group();
+    if (group.size() > 64 || !std::all_of(group.begin(), group.end(), [](char ch) {
+            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' ||
+                   ch == '.';
+        })) {
+        session->send_error(id, v1::INVALID_ARGUMENT,
+                            "peer_group: [A-Za-z0-9_.-], 64 at most: '" + group.substr(0, 80) +
+                                "'");
+        return;
+    }
     if (!req.name().empty() &&
         (registry_.name_taken(req.name()) || pending_names_.count(req.name()))) {
         session->send_error(id, v1::ALREADY_EXISTS, "a sandbox named '" + req.name() + "' exists");
@@ -435,6 +446,9 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
     *c->mutable_allow() = req.allow();  // and parses and checks these
     *c->mutable_host_ports() = req.host_ports();
     *c->mutable_publish() = req.publish();
+    // The owner's group: the helper pairs only sandboxes whose keys are equal.
+    if (!req.peer_group().empty())
+        c->set_peer_group(std::to_string(owner) + ":" + req.peer_group());
     const uint64_t memory = r.memory_bytes() ? r.memory_bytes() : config_.budget.default_memory;
     const uint64_t pids = r.pids() ? r.pids() : config_.budget.default_pids;
     c->mutable_limits()->set_memory_bytes(memory);
@@ -492,13 +506,15 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
         info.set_address(created.address());
         *info.mutable_allow() = created.allow();
         *info.mutable_host_ports() = req.host_ports();
+        info.set_peer_group(req.peer_group());
         for (auto p : req.publish()) {
             if (p.host_ip().empty()) p.set_host_ip("127.0.0.1");
             *info.add_publish() = p;
         }
         const std::string sandbox_id = info.id();
         Sandbox& sandbox =
-            registry_.add(std::move(info), created.init_socket(), created.init_start_time());
+            registry_.add(std::move(info), created.init_socket(), created.init_start_time(),
+                          created.cgroup_name());
         if (session && sessions_.count(session_id)) {
             sandbox.owner_session = session_id;
         } else if (!req.persistent()) {
@@ -770,7 +786,8 @@ void Server::reattach() {
         }
         ++alive;
         found.info.set_state("running");
-        Sandbox& s = registry_.add(found.info, found.init_socket, found.init_start_time);
+        Sandbox& s =
+            registry_.add(found.info, found.init_socket, found.init_start_time, found.cgroup_name);
         if (!s.info.persistent()) s.lease_deadline = Clock::now() + config_.lease;
     }
     if (alive || dead) {

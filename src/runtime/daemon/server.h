@@ -33,6 +33,7 @@ struct ServerConfig {
     std::string allowed_group_name = "berth";
     std::string cgroup_driver;           // "v1" | "v2", as the helper reported
     std::string network;                 // the helper's account of the public network
+    std::string pool;                    // and of its pool of sandbox shells
     uint64_t default_storage_bytes = 0;  // for creates that give none; 0 = no limit
     // What all sandboxes may use together (set on the parent cgroup by the helper) and the
     // memory and pids limits of a create that gives none.

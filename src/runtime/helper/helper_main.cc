@@ -77,6 +77,9 @@ int main(int argc, char** argv) {
     app.add_flag("--network-required", config.network_required,
                  "an unusable --bridge or --subnet stops the helper (the admin chose them) "
                  "rather than leaving public sandboxes unoffered");
+    app.add_option("--pool", config.pool_size,
+                   "sandbox shells kept ready for creates (0: none)")
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     if (!network.bridge.empty()) {
         // The servers berth's DNS asks for the sandboxes: from the host's own network
@@ -151,6 +154,7 @@ int main(int argc, char** argv) {
         hello.mutable_ready()->set_cgroup_driver(
             factory->cgroup_version() == cgroup::Version::v2 ? "v2" : "v1");
         hello.mutable_ready()->set_network(factory->describe_network());
+        hello.mutable_ready()->set_pool(factory->describe_pool());
         wire::write_frame(channel, hello);
     }
 
@@ -168,10 +172,19 @@ int main(int argc, char** argv) {
     for (;;) {
         std::vector<pollfd> fds{{channel, POLLIN, 0}};
         for (int fd : factory->deletion_fds()) fds.push_back({fd, POLLIN, 0});
-        if (::poll(fds.data(), fds.size(), -1) < 0) {
+        // The shell pool is refilled once no request has come for a moment (kIdleMs): a
+        // refill takes the helper a few milliseconds that a create arriving in a burst
+        // should not wait for.
+        constexpr int kIdleMs = 5;
+        const int n = ::poll(fds.data(), fds.size(), factory->pool_full() ? -1 : kIdleMs);
+        if (n < 0) {
             if (errno == EINTR) continue;
             std::cerr << "berth-helper: poll: " << std::strerror(errno) << std::endl;
             return 1;
+        }
+        if (n == 0) {
+            factory->fill_pool();
+            continue;
         }
         for (const auto& reply : factory->finish_deletions())
             if (!send(reply)) return 1;

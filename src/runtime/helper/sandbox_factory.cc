@@ -72,144 +72,6 @@ UniqueFd listen_unix(const std::string& path, uid_t owner, gid_t group) {
     return sock;
 }
 
-// Closes every fd of this (child) process except those in `keep`.
-void close_all_except(std::vector<int> keep) {
-    std::sort(keep.begin(), keep.end());
-    unsigned next = 0;
-    for (int fd : keep) {
-        if (static_cast<unsigned>(fd) > next) ::syscall(SYS_close_range, next, fd - 1U, 0U);
-        next = static_cast<unsigned>(fd) + 1;
-    }
-    ::syscall(SYS_close_range, next, ~0U, 0U);
-}
-
-char* g_title_start = nullptr;
-size_t g_title_length = 0;
-
-void set_title(const char* title) {
-    if (!g_title_start || g_title_length == 0) return;
-    std::memset(g_title_start, 0, g_title_length);
-    std::strncpy(g_title_start, title, g_title_length - 1);
-}
-
-struct ChildPlan {
-    int go;
-    int ready;
-    int control;
-    int overlay;
-    std::string mountpoint;
-    std::string hostname;
-    const ns::SeccompProgram* seccomp;
-    std::vector<ns::ProvidedFile> files;  // /etc/hosts, /etc/hostname, /etc/resolv.conf
-};
-
-void report(int fd, const std::string& text) {
-    ssize_t ignored = ::write(fd, text.data(), text.size());
-    (void)ignored;
-}
-
-// Runs as the new sandbox's first process (PID 1 of its pid namespace), in its fresh user,
-// mount, net, uts, ipc namespaces. Becomes berth-init; never returns.
-[[noreturn]] void sandbox_child(const ChildPlan& plan) {
-    UniqueFd oom_score_adj;
-    try {
-        ::signal(SIGCHLD, SIG_DFL);  // the helper ignores it; init must not
-        ::signal(SIGPIPE, SIG_DFL);
-        close_all_except({0, 1, 2, plan.go, plan.ready, plan.control, plan.overlay});
-        // Now, while our ids are still the host's and our mm dumpable: later /proc/self is
-        // the host root's (see init.h). (Dumpable again: the helper's switch to the owner
-        // uid for our clone made its mm, and so our copy, non-dumpable.)
-        ::prctl(PR_SET_DUMPABLE, 1);
-        oom_score_adj.reset(::open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC));
-        set_title("berth-init");
-        // What needs our capabilities over the new namespaces but creates nothing that a
-        // user owns is done while the helper writes our id maps: we hold those capabilities
-        // since clone (our ids are the host's, unmapped, until then).
-        check_sys("sethostname", plan.hostname,
-                  [&] { return ::sethostname(plan.hostname.data(), plan.hostname.size()); });
-        ns::bring_up_loopback();
-        char byte;
-        if (::read(plan.go, &byte, 1) != 1 || byte != 'g') ::_exit(1);  // the helper gave up
-        // Our id maps are written now: become root of the new user namespace, before making
-        // anything (mounts, files) that records who made it.
-        check_sys("setresgid", "0", [] { return ::setresgid(0, 0, 0); });
-        check_sys("setresuid", "0", [] { return ::setresuid(0, 0, 0); });
-        check_sys("setgroups", "[]", [] { return ::setgroups(0, nullptr); });
-        ns::enter_rootfs(plan.overlay, plan.mountpoint, plan.files);
-        ::close(plan.overlay);
-        int null = check_sys("open", "/dev/null", [] { return ::open("/dev/null", O_RDWR); });
-        for (int i = 0; i < 3; ++i) ::dup2(null, i);
-        if (null > 2) ::close(null);
-        // The helper moved us into our cgroup meanwhile (v1); once it says so, the cgroup
-        // namespace is made, so the sandbox sees its own cgroup as the root. No sandbox
-        // process exists before this point, so none escapes the limits.
-        if (::read(plan.go, &byte, 1) != 1 || byte != 'a') ::_exit(1);
-        ::close(plan.go);
-        check_sys("unshare", "CLONE_NEWCGROUP", [] { return ::unshare(CLONE_NEWCGROUP); });
-        init::harden_init(*plan.seccomp);
-        report(plan.ready, "ok");
-        ::close(plan.ready);
-    } catch (const std::exception& e) {
-        report(plan.ready, e.what());
-        ::_exit(1);
-    }
-    init::run_init(UniqueFd(plan.control), std::move(oom_score_adj));
-}
-
-// Kills a sandbox's init (and so its whole pid namespace) and waits until it is gone.
-void kill_and_wait(int pidfd, const std::string& id, std::chrono::seconds wait) {
-    if (::syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, nullptr, 0) != 0 && errno != ESRCH)
-        throw_sys("pidfd_send_signal", "init of " + id);
-    pollfd pfd{pidfd, POLLIN, 0};
-    // init exits only after every process in its pid namespace has: then pidfd is readable.
-    // Usually at once; a sandbox thrashing at its memory limit (or berth's) has processes
-    // in uninterruptible page-in or OOM waits that take seconds each to die.
-    const int wait_ms = static_cast<int>(std::chrono::milliseconds(wait).count());
-    int n = check_sys("poll", "pidfd of " + id, [&] { return ::poll(&pfd, 1, wait_ms); });
-    if (n == 0)
-        throw HelperError(kUnavailable, "init of sandbox " + id + " did not exit within " +
-                                            std::to_string(wait.count()) +
-                                            " s of SIGKILL; try again");
-}
-
-// For the span of a clone3(CLONE_NEWUSER): the effective uid `owner`, so that the new user
-// namespace is owned by it and the kernel charges the sandbox's per-user counters
-// (inotify, namespaces...) to that uid, not to root's. The kernel clears the effective
-// capabilities when the effective uid leaves 0 and keeps the permitted ones: they are
-// raised again, and come back by themselves when the uid returns to 0. Our mm becomes
-// non-dumpable on the change (commit_creds); its previous state is put back.
-class OwnerCredentials {
-  public:
-    explicit OwnerCredentials(std::optional<uid_t> owner) : owner_(owner) {
-        if (!owner_) return;
-        dumpable_ = ::prctl(PR_GET_DUMPABLE);
-        check_sys("setresuid", "-1 " + std::to_string(*owner_) + " -1",
-                  [&] { return ::setresuid(-1, *owner_, -1); });
-        __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-        __user_cap_data_struct data[2]{};
-        check_sys("capget", "self", [&] { return ::syscall(SYS_capget, &header, data); });
-        for (auto& d : data) d.effective = d.permitted;
-        check_sys("capset", "effective = permitted",
-                  [&] { return ::syscall(SYS_capset, &header, data); });
-    }
-    OwnerCredentials(const OwnerCredentials&) = delete;
-    OwnerCredentials& operator=(const OwnerCredentials&) = delete;
-    ~OwnerCredentials() {
-        if (!owner_) return;
-        // Cannot fail for root's saved uid; if it did, the helper must not go on as someone
-        // else.
-        if (::setresuid(-1, 0, -1) != 0) {
-            std::perror("berth-helper: setresuid back to 0");
-            std::abort();
-        }
-        if (dumpable_ > 0) ::prctl(PR_SET_DUMPABLE, dumpable_);
-    }
-
-  private:
-    std::optional<uid_t> owner_;
-    int dumpable_ = -1;
-};
-
 }  // namespace
 
 // Step timings of a create or delete, printed to stderr when BERTH_HELPER_TRACE is set: where the
@@ -238,6 +100,27 @@ class StepTimer {
     std::string line_;
 };
 
+// Calls fn(id, state) for each sandbox directory under `dir` whose state file parses (a
+// half-made sandbox has none).
+template <typename F>
+void for_each_state(const std::string& dir, F fn) {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return;
+    std::vector<std::string> ids;
+    while (dirent* e = ::readdir(d))
+        if (valid_sandbox_id(e->d_name)) ids.emplace_back(e->d_name);
+    ::closedir(d);
+    for (const std::string& id : ids) {
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(read_file(dir + "/" + id + "/state.json"));
+        } catch (const std::exception&) {
+            continue;
+        }
+        fn(id, j);
+    }
+}
+
 // A sandbox's network as its state file records it (made by an earlier helper, or before
 // a policy change). The file is the helper's own (root's, in its runtime dir); what does not
 // parse is taken as `none`, whose rules give nothing.
@@ -251,6 +134,7 @@ net::Attachment attachment_from_state(const std::string& id, const nlohmann::jso
             a.published.push_back({p.at("host_ip").get<std::string>(),
                                    p.at("host_port").get<uint16_t>(),
                                    p.at("port").get<uint16_t>()});
+        a.peer_group = j.value("peer_group", std::string());
         a.policy.mode = net::parse_mode(j.value("network", std::string("none")));
         a.policy.allow = net::parse_allow_entries(j.value("allow", std::vector<std::string>()));
     } catch (const std::exception& e) {
@@ -315,13 +199,9 @@ struct SandboxFactory::Live {
     uint32_t project_id = 0;  // the project quota bounding its writable layer, if any
     std::string layer_mount;  // a tmpfs layer attached here while the overlay is made
     uid_t userns_owner = 0;   // the host uid owning its user namespace (0: root)
+    std::string cgroup_name;  // its cgroup under berth's parent: its shell's name
     net::Attachment net;      // its network (an address on berth's bridge, for public)
 };
-
-void set_process_title_area(char* start, size_t length) {
-    g_title_start = start;
-    g_title_length = length;
-}
 
 bool valid_sandbox_id(const std::string& id) {
     return id.size() == 32 && std::all_of(id.begin(), id.end(), [](char c) {
@@ -365,20 +245,11 @@ SandboxFactory::SandboxFactory(Config config)
         }
         if (network_) adopt_networks();
     }
-    // The owners of the sandboxes an earlier helper made stay theirs.
-    if (DIR* d = ::opendir(sandboxes.c_str())) {
-        while (dirent* e = ::readdir(d)) {
-            if (!valid_sandbox_id(e->d_name)) continue;
-            try {
-                auto j =
-                    nlohmann::json::parse(read_file(sandboxes + "/" + e->d_name + "/state.json"));
-                if (uid_t owner = j.value("userns_owner", 0u)) owners_in_use_.insert(owner);
-            } catch (const std::exception&) {
-                // A half-made sandbox: it has no user namespace left to own.
-            }
-        }
-        ::closedir(d);
-    }
+    // The owners of the sandboxes an earlier helper made stay theirs. (A half-made sandbox,
+    // without a state file, has no user namespace left to own.)
+    for_each_state(sandboxes, [&](const std::string&, const nlohmann::json& j) {
+        if (uid_t owner = j.value("userns_owner", 0u)) owners_in_use_.insert(owner);
+    });
     if (config_.owners.count == 0) {
         std::fprintf(stderr,
                      "berth-helper: sandboxes' user namespaces are owned by root, sharing "
@@ -387,6 +258,8 @@ SandboxFactory::SandboxFactory(Config config)
                      config_.mapping.uids.host_start + config_.mapping.uids.count,
                      config_.mapping.uids.host_start + config_.mapping.uids.count + 1023);
     }
+    if (config_.pool_size > 0)
+        pool_ = std::make_unique<ShellPool>(config_.pool_size, [this] { return start_shell(); });
     // At every start: an admin's change of the budget takes effect on restart.
     try {
         driver_->limit_parent(config_.budget);
@@ -411,7 +284,27 @@ void SandboxFactory::sweep_cgroups() {
         std::fprintf(stderr, "berth-helper: listing the cgroup parent: %s\n", e.what());
         return;
     }
+    // The shells' cgroups that sandboxes kept (their state files name them); any other is
+    // a pooled shell's of an earlier helper, or a half-made sandbox's.
+    std::set<std::string> kept;
+    for_each_state(config_.runtime_dir + "/sandboxes",
+                   [&](const std::string&, const nlohmann::json& j) {
+                       kept.insert(j.value("cgroup_name", std::string()));
+                   });
     for (const std::string& name : names) {
+        if (valid_shell_name(name)) {
+            if (kept.count(name)) continue;
+            try {
+                if (auto cg = driver_->open(name)) {
+                    cg->kill();
+                    cg->remove();
+                }
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "berth-helper: removing the leftover cgroup %s: %s\n",
+                             name.c_str(), e.what());
+            }
+            continue;
+        }
         if (!valid_sandbox_id(name)) {
             std::fprintf(stderr,
                          "berth-helper: %s under the cgroup parent is no sandbox's; left alone\n",
@@ -483,6 +376,7 @@ struct SandboxFactory::CreatePlan {
     net::Policy network;
     std::vector<uint16_t> host_ports;  // sorted, once each
     std::vector<net::PublishedPort> published;
+    std::string peer_group;
 };
 
 // Where a sandbox's writes go: the overlay's upper and work directories.
@@ -542,6 +436,27 @@ SandboxFactory::CreatePlan SandboxFactory::plan_create(const v1::helper::Create&
         throw HelperError(kFailedPrecondition,
                           "this berthd offers no network, and host ports need one (see berthd "
                           "--bridge)");
+    plan.peer_group = req.peer_group();
+    if (!plan.peer_group.empty()) {
+        const size_t colon = plan.peer_group.find(':');
+        const std::string uid = plan.peer_group.substr(0, colon == std::string::npos ? 0 : colon);
+        const std::string name = colon == std::string::npos ? "" : plan.peer_group.substr(colon + 1);
+        const bool ok =
+            !uid.empty() && uid.size() <= 10 &&
+            uid.find_first_not_of("0123456789") == std::string::npos && !name.empty() &&
+            name.size() <= 64 &&
+            std::all_of(name.begin(), name.end(), [](char c) {
+                return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
+                       c == '.';
+            });
+        if (!ok)
+            throw HelperError(kInvalidArgument,
+                              "invalid peer group '" + plan.peer_group.substr(0, 80) + "'");
+        if (!network_)
+            throw HelperError(kFailedPrecondition,
+                              "this berthd offers no network, and peer groups need one (see "
+                              "berthd --bridge)");
+    }
     plan.rootfs = req.rootfs();
     if (!plan.rootfs.empty() && req.layers_size() > 0)
         throw HelperError(kInvalidArgument,
@@ -635,114 +550,73 @@ UniqueFd SandboxFactory::make_root_mount(const CreatePlan& plan, const WritableL
     return overlay;
 }
 
-void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostname,
-                                UniqueFd control, UniqueFd overlay, Live& live, UndoList& undo,
-                                StepTimer& timer) {
-    const std::string& id = plan.id;
-    auto [go_read, go_write] = make_pipe("go");
-    auto [ready_read, ready_write] = make_pipe("ready");
+std::unique_ptr<Shell> SandboxFactory::start_shell() {
+    ShellSpec spec{driver_.get(), &config_.mapping, &seccomp_, take_owner(), &adjust_oom_};
+    std::unique_ptr<Shell> shell;
+    try {
+        shell = Shell::start(spec);
+    } catch (...) {
+        if (spec.owner) owners_in_use_.erase(*spec.owner);
+        throw;
+    }
+    // The owner is the factory's to give back when the shell goes unassigned.
+    if (spec.owner) shell->on_discard = [this, owner = *spec.owner] { owners_in_use_.erase(owner); };
+    // Its veth too, once public sandboxes are asked for (a host that runs none gets none).
+    if (network_ && prepare_links_) shell->link = network_->prepare_link(shell->name(), shell->open_netns().get());
+    return shell;
+}
 
-    ChildPlan child{go_read.get(),        ready_write.get(), control.get(), overlay.get(),
-                    plan.run + "/rootfs", hostname,          &seccomp_,     {}};
+std::unique_ptr<Shell> SandboxFactory::take_shell(StepTimer& timer) {
+    if (pool_) {
+        if (auto shell = pool_->take()) {
+            timer.mark("pooled_shell");
+            return shell;
+        }
+    }
+    std::unique_ptr<Shell> shell = start_shell();
+    timer.mark("shell");
+    if (!shell->ready(std::chrono::seconds(60)))
+        throw HelperError(kUnavailable, "a new sandbox shell was not ready within 60 s");
+    timer.mark("shell_ready");
+    return shell;
+}
+
+bool SandboxFactory::fill_pool() { return pool_ && pool_->fill_one(); }
+
+bool SandboxFactory::pool_full() const { return !pool_ || pool_->full(); }
+
+std::string SandboxFactory::describe_pool() const {
+    if (!pool_) return "off (berthd --pool 0): every create starts its own sandbox shell";
+    return std::to_string(pool_->target()) +
+           " sandbox shells kept ready (berthd --pool), refilled while the helper is idle";
+}
+
+void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostname,
+                                UniqueFd control, UniqueFd overlay, Shell& shell, Live& live,
+                                StepTimer& timer) {
     const net::NameSettings names =
         network_ ? network_->names(live.net, hostname)
                  : net::NameSettings{
                        .hostname = hostname, .address = {}, .host_address = {}, .nameservers = {}};
-    child.files = {{"/etc/hosts", net::hosts_file(names)},
-                   {"/etc/hostname", net::hostname_file(names)},
-                   {"/etc/resolv.conf", net::resolv_conf(names)}};
-
-    clone_args args{};
-    int pidfd = -1;
-    args.flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWUTS |
-                 CLONE_NEWIPC | CLONE_PIDFD;
-    args.pidfd = reinterpret_cast<uint64_t>(&pidfd);
-    args.exit_signal = SIGCHLD;
-    if (int cg = live.cgroup->clone_into_fd(); cg >= 0) {
-        args.flags |= CLONE_INTO_CGROUP;
-        args.cgroup = static_cast<uint64_t>(cg);
+    v1::helper::ShellAssignment assignment;
+    assignment.set_hostname(hostname);
+    assignment.set_mountpoint(plan.run + "/rootfs");
+    for (const auto& [path, content] :
+         {std::pair{"/etc/hosts", net::hosts_file(names)},
+          std::pair{"/etc/hostname", net::hostname_file(names)},
+          std::pair{"/etc/resolv.conf", net::resolv_conf(names)}}) {
+        auto* f = assignment.add_files();
+        f->set_path(path);
+        f->set_content(content);
     }
-    const std::optional<uid_t> owner = take_owner();
-    if (owner) {
-        live.userns_owner = *owner;
-        undo.push([this, owner] { owners_in_use_.erase(*owner); });
+    if (!live.net.address.empty()) {
+        // Its network namespace exists (the shell holds it) and nothing of it runs yet.
+        network_->attach(live.net, shell.open_netns().get(), shell.link);
+        shell.link.clear();
+        timer.mark("network");
     }
-    pid_t pid;
-    {
-        OwnerCredentials as_owner(owner);
-        // A raw clone3 (glibc has no wrapper with CLONE_INTO_CGROUP): fine in the helper,
-        // which has no threads whose locks the child could inherit held.
-        pid = static_cast<pid_t>(::syscall(SYS_clone3, &args, sizeof args));
-        if (pid == 0) sandbox_child(child);  // (never returns)
-    }
-    if (pid < 0) throw_sys("clone3", "sandbox " + id);
-
-    live.pid = pid;
-    live.pidfd.reset(pidfd);
-    undo.push(
-        [&live] { kill_and_wait(live.pidfd.get(), "(failed create)", std::chrono::seconds(30)); });
-    go_read.reset();
-    ready_write.reset();
-    control.reset();
-    overlay.reset();
-
-    timer.mark("clone");
-    try {
-        ns::write_id_maps(pid, config_.mapping);
-        // The OOM killer picks by process size, and memory a command puts in tmpfs belongs to
-        // no process: it could pick init (taking the whole sandbox) over the command. Shield
-        // init where we may (lowering a score needs CAP_SYS_RESOURCE, which some hosts' root
-        // lacks: then we stop trying, our capabilities do not change); commands also raise
-        // their own score (command.cc), which needs no privilege.
-        if (!oom_adjust_refused_) {
-            try {
-                write_file("/proc/" + std::to_string(pid) + "/oom_score_adj", "-999");
-            } catch (const SysError& e) {
-                if (e.code() != EACCES && e.code() != EPERM) throw;
-                oom_adjust_refused_ = true;
-            }
-        }
-        timer.mark("idmap");
-        // The child builds its root filesystem while we attach it to its cgroup (on v1 the
-        // first cgroup.procs write waits for an RCU grace period: 0.2-2 ms).
-        check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "g", 1); });
-        if (live.cgroup->clone_into_fd() < 0) live.cgroup->attach(pid);
-        timer.mark("attach");
-        if (!live.net.address.empty()) {
-            // Its network namespace exists (we hold its init) and nothing of it runs yet.
-            const std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
-            UniqueFd netns(check_sys("open", path,
-                                     [&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
-            network_->attach(live.net, netns.get());
-            timer.mark("network");
-        }
-        check_sys("write", "go pipe", [&] { return ::write(go_write.get(), "a", 1); });
-    } catch (const std::exception&) {
-        // The child may have given up first (it sets up its hostname and network without
-        // waiting for us): then its own report says why, not our EPIPE or ENOENT.
-        pollfd pfd{ready_read.get(), POLLIN, 0};
-        char said[1024];
-        ssize_t n = ::poll(&pfd, 1, 0) == 1 ? ::read(ready_read.get(), said, sizeof said) : 0;
-        if (n > 0 && std::string_view(said, static_cast<size_t>(n)) != "ok") {
-            throw HelperError(kInternal, "setting up sandbox " + id + " failed: " +
-                                             std::string(said, static_cast<size_t>(n)));
-        }
-        throw;
-    }
-
-    char buf[1024];
-    std::string answer;
-    for (;;) {
-        ssize_t n = ::read(ready_read.get(), buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        answer.append(buf, static_cast<size_t>(n));
-    }
+    shell.assign(assignment, overlay.get(), control.get());
     timer.mark("child_setup");
-    if (answer != "ok") {
-        throw HelperError(kInternal, "setting up sandbox " + id +
-                                         " failed: " + (answer.empty() ? "its init died" : answer));
-    }
 }
 
 v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
@@ -757,11 +631,15 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     undo.push([run = plan.run] { remove_tree(run); });
 
     StepTimer timer("create");
+    // First: a shell started here must not get a copy of the tmpfs layer attached below.
+    std::unique_ptr<Shell> shell = take_shell(timer);
+    shell->cgroup().set_limits(plan.limits);
+    // Named by the sandbox's id where the hierarchy can rename (v1); on v2 it keeps its
+    // shell's name, which the state file records.
+    live->cgroup_name = shell->cgroup().rename(id) ? id : shell->name();
+    timer.mark("limits");
     const WritableLayer layer = make_writable_layer(plan, *live, undo);
     timer.mark("dirs");
-    live->cgroup = driver_->create(id, plan.limits);
-    undo.push([&live] { live->cgroup->remove(); });
-    timer.mark("cgroup");
     const std::string socket_path = plan.run + "/init.sock";
     UniqueFd control = listen_unix(socket_path, config_.daemon_uid, config_.daemon_gid);
     timer.mark("socket");
@@ -770,6 +648,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     if (network_) {
         try {
             live->net = network_->reserve(id, plan.network, plan.host_ports, plan.published);
+            live->net.peer_group = plan.peer_group;
         } catch (const HelperError&) {
             throw;
         } catch (const Error& e) {
@@ -778,7 +657,18 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         }
         undo.push([this, &live] { network_->release(live->net); });
     }
-    start_init(plan, req.hostname(), std::move(control), std::move(overlay), *live, undo, timer);
+    start_init(plan, req.hostname(), std::move(control), std::move(overlay), *shell, *live, timer);
+    // A `none` sandbox has no use for the veth its shell came with.
+    if (!shell->link.empty()) {
+        deferred_links_.push_back(shell->link);
+        shell->link.clear();
+    }
+    Shell::Parts parts = shell->release();
+    live->pid = parts.pid;
+    live->pidfd = std::move(parts.pidfd);
+    live->cgroup = std::move(parts.cgroup);
+    if (parts.owner) live->userns_owner = *parts.owner;
+    if (!live->net.address.empty()) prepare_links_ = true;
 
     const uid_t root_uid = config_.mapping.uids.host_start;
     v1::helper::Created created;
@@ -789,6 +679,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     created.set_host_root_uid(root_uid);
     created.set_address(live->net.address);
     for (const auto& text : allow_texts(live->net.policy)) created.add_allow(text);
+    created.set_cgroup_name(live->cgroup_name);
 
     nlohmann::json state_json = {
         {"id", id},
@@ -797,6 +688,7 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         {"init_socket", socket_path},
         {"cgroup_paths", live->cgroup->paths()},
         {"cgroup_driver", driver_->version() == cgroup::Version::v2 ? "v2" : "v1"},
+        {"cgroup_name", live->cgroup_name},
         {"host_root_uid", root_uid},
         {"rootfs", plan.rootfs},
         {"layers", std::vector<std::string>(req.layers().begin(), req.layers().end())},
@@ -809,11 +701,14 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         {"allow", allow_texts(live->net.policy)},
         {"host_ports", live->net.host_ports},
         {"published", published_json(live->net.published)},
+        {"peer_group", live->net.peer_group},
     };
     // Written after the reply is sent (run_deferred): it is only read by a daemon that
     // restarts, and a file write is a good part of a create's time.
-    deferred_ = [path = plan.run + "/state.json", text = state_json.dump()] {
+    deferred_ = [this, path = plan.run + "/state.json", text = state_json.dump()] {
         write_file_atomic(path, text, 0644);
+        for (const std::string& link : deferred_links_) network_->discard_link(link);
+        deferred_links_.clear();
     };
     undo.commit();
     live_[id] = std::move(live);
@@ -907,6 +802,8 @@ void SandboxFactory::begin_delete(const std::string& id, uint64_t request_id) {
             uint64_t start = j.at("init_start_time").get<uint64_t>();
             live->project_id = j.value("project_id", 0u);
             live->userns_owner = j.value("userns_owner", 0u);
+            live->cgroup_name = j.value("cgroup_name", id);
+            if (!valid_shell_name(live->cgroup_name)) live->cgroup_name = id;  // (v1: the id)
             live->net = attachment_from_state(id, j);
             int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
             if (fd >= 0) {
@@ -919,7 +816,7 @@ void SandboxFactory::begin_delete(const std::string& id, uint64_t request_id) {
         } catch (const std::exception&) {
             // No usable state: nothing to kill, clean up what is on disk.
         }
-        live->cgroup = driver_->open(id);
+        live->cgroup = driver_->open(live->cgroup_name.empty() ? id : live->cgroup_name);
     }
     Deletion deletion;
     try {

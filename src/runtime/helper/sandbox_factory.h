@@ -20,7 +20,9 @@
 #include "net/host_network.h"
 #include "ns/idmap.h"
 #include "ns/security.h"
+#include "runtime/helper/helper_error.h"
 #include "runtime/helper/janitor.h"
+#include "runtime/helper/shell.h"
 #include "runtime/helper/storage.h"
 #include "runtime/wire/error_codes.h"
 
@@ -44,14 +46,8 @@ struct Config {
     // Whether a network config that cannot be used (a subnet clashing with a host route)
     // stops the helper: yes when the admin chose it, no for the defaults.
     bool network_required = false;
-};
-
-// A request the helper refuses or cannot do, and the code berthd passes to the client.
-// `code` stays a member beside the kind it sets (callers read e.code).
-struct HelperError : Error {
-    HelperError(v1::ErrorCode code, const std::string& message)
-        : Error(wire::error_kind(code), message), code(code) {}
-    v1::ErrorCode code;
+    // Sandbox shells kept ready (shell.h); 0: each create starts its own.
+    size_t pool_size = 4;
 };
 
 class SandboxFactory {
@@ -89,6 +85,12 @@ class SandboxFactory {
 
     // For doctor.
     std::string describe_network();
+    std::string describe_pool() const;
+
+    // The pool of sandbox shells: the helper calls fill_pool() when it has been idle a
+    // moment and the pool is not full (one shell per call; false: none was started).
+    bool fill_pool();
+    bool pool_full() const;
 
     // Work that may wait until the reply has been sent (the state file of a new sandbox).
     void run_deferred();
@@ -106,8 +108,12 @@ class SandboxFactory {
     CreatePlan plan_create(const v1::helper::Create& request) const;
     WritableLayer make_writable_layer(const CreatePlan& plan, Live& live, UndoList& undo);
     UniqueFd make_root_mount(const CreatePlan& plan, const WritableLayer& layer, Live& live);
+    // A shell for a create: a pooled one, or one started now.
+    std::unique_ptr<Shell> take_shell(StepTimer& timer);
+    std::unique_ptr<Shell> start_shell();
+    // Attaches the sandbox's network to the shell and makes the shell its init.
     void start_init(const CreatePlan& plan, const std::string& hostname, UniqueFd control,
-                    UniqueFd overlay, Live& live, UndoList& undo, StepTimer& timer);
+                    UniqueFd overlay, Shell& shell, Live& live, StepTimer& timer);
     // The directory a rootfs create names, opened and checked (see the .cc).
     UniqueFd open_rootfs(const std::string& rootfs) const;
     std::string sandbox_runtime_dir(const std::string& id) const;
@@ -136,12 +142,12 @@ class SandboxFactory {
     // At start: the addresses of running sandboxes of earlier helpers are taken again and
     // links of sandboxes that no longer exist are removed.
     void adopt_networks();
-    bool oom_adjust_refused_ = false;  // this host's root may not lower oom_score_adj
+    bool adjust_oom_ = true;  // cleared when this host's root may not lower oom_score_adj
+    std::unique_ptr<ShellPool> pool_;  // null: --pool 0
+    // Shells get a veth once a sandbox with a network has been made.
+    bool prepare_links_ = false;
+    std::vector<std::string> deferred_links_;  // prepared veths no sandbox uses, deleted later
 };
-
-// The helper's argv memory: each sandbox's init overwrites its copy so that /proc/1/cmdline
-// inside reads "berth-init", not the helper's command line with host paths.
-void set_process_title_area(char* start, size_t length);
 
 // [0-9a-f]{32}: ids become path components, so nothing else is accepted.
 bool valid_sandbox_id(const std::string& id);
