@@ -3,9 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cstdio>
-
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
 #include "base/error.h"

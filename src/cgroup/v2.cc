@@ -92,7 +92,8 @@ class V2Cgroup final : public Cgroup {
 
     std::vector<int> open_procs() const override {
         const std::string file = dir_ + "/cgroup.procs";
-        return {check_sys("open", file, [&] { return ::open(file.c_str(), O_WRONLY | O_CLOEXEC); })};
+        return {
+            check_sys("open", file, [&] { return ::open(file.c_str(), O_WRONLY | O_CLOEXEC); })};
     }
 
     bool rename(const std::string&) override { return false; }

@@ -698,8 +698,8 @@ void NftTable::set_peers(const std::string& link_a, const std::string& ip_a,
         if (!is_name(*link)) invalid("link name: [A-Za-z0-9_-], 15 at most: " + shown(*link));
     if (link_a == link_b || a == b) invalid("a sandbox is not its own peer");
     const std::string& t = config_.table;
-    const std::string ports = "element bridge " + t + " peers { \"" + link_a + "\" . \"" +
-                              link_b + "\", \"" + link_b + "\" . \"" + link_a + "\" }\n";
+    const std::string ports = "element bridge " + t + " peers { \"" + link_a + "\" . \"" + link_b +
+                              "\", \"" + link_b + "\" . \"" + link_a + "\" }\n";
     const std::string addresses =
         "element inet " + t + " peers4 { " + a + " . " + b + ", " + b + " . " + a + " }\n";
     // (Adding what is there is a no-op: "add; delete" removes whether or not it was.)

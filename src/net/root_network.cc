@@ -448,8 +448,7 @@ class RootNetwork final : public HostNetwork {
     // A public, linked sandbox of a peer group: a pair with each other such member, and its
     // port no longer isolated (the bridge table decides between sandbox ports). All or none.
     void join_peers(const Attachment& a) {
-        if (a.peer_group.empty() || a.policy.mode != Mode::public_egress || !a.linked ||
-            is_peer(a))
+        if (a.peer_group.empty() || a.policy.mode != Mode::public_egress || !a.linked || is_peer(a))
             return;
         const std::string link = host_link(a.sandbox_id);
         std::set<std::string>& members = groups_[a.peer_group];

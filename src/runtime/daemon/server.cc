@@ -393,9 +393,9 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
             return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' ||
                    ch == '.';
         })) {
-        session->send_error(id, v1::INVALID_ARGUMENT,
-                            "peer_group: [A-Za-z0-9_.-], 64 at most: '" + group.substr(0, 80) +
-                                "'");
+        session->send_error(
+            id, v1::INVALID_ARGUMENT,
+            "peer_group: [A-Za-z0-9_.-], 64 at most: '" + group.substr(0, 80) + "'");
         return;
     }
     if (!req.name().empty() &&
@@ -512,9 +512,8 @@ void Server::create_sandbox(const std::weak_ptr<Session>& weak, uint64_t session
             *info.add_publish() = p;
         }
         const std::string sandbox_id = info.id();
-        Sandbox& sandbox =
-            registry_.add(std::move(info), created.init_socket(), created.init_start_time(),
-                          created.cgroup_name());
+        Sandbox& sandbox = registry_.add(std::move(info), created.init_socket(),
+                                         created.init_start_time(), created.cgroup_name());
         if (session && sessions_.count(session_id)) {
             sandbox.owner_session = session_id;
         } else if (!req.persistent()) {

@@ -44,7 +44,7 @@ const std::vector<std::string>& helper_capabilities() {
         // the overlay (us): what the sandbox's own capabilities allow on its files must be
         // ours too, or the kernel quietly does less (a setgid bit dropped on chmod).
         "FSETID", "MKNOD", "SETFCAP",
-        "NET_ADMIN",  // public sandboxes: the bridge, veths, addresses, routes, nftables
+        "NET_ADMIN",         // public sandboxes: the bridge, veths, addresses, routes, nftables
         "NET_BIND_SERVICE",  // the DNS child: port 53 on the gateway; published ports < 1024
     };
     return caps;
@@ -77,8 +77,7 @@ int main(int argc, char** argv) {
     app.add_flag("--network-required", config.network_required,
                  "an unusable --bridge or --subnet stops the helper (the admin chose them) "
                  "rather than leaving public sandboxes unoffered");
-    app.add_option("--pool", config.pool_size,
-                   "sandbox shells kept ready for creates (0: none)")
+    app.add_option("--pool", config.pool_size, "sandbox shells kept ready for creates (0: none)")
         ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     if (!network.bridge.empty()) {

@@ -440,15 +440,14 @@ SandboxFactory::CreatePlan SandboxFactory::plan_create(const v1::helper::Create&
     if (!plan.peer_group.empty()) {
         const size_t colon = plan.peer_group.find(':');
         const std::string uid = plan.peer_group.substr(0, colon == std::string::npos ? 0 : colon);
-        const std::string name = colon == std::string::npos ? "" : plan.peer_group.substr(colon + 1);
-        const bool ok =
-            !uid.empty() && uid.size() <= 10 &&
-            uid.find_first_not_of("0123456789") == std::string::npos && !name.empty() &&
-            name.size() <= 64 &&
-            std::all_of(name.begin(), name.end(), [](char c) {
-                return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' ||
-                       c == '.';
-            });
+        const std::string name =
+            colon == std::string::npos ? "" : plan.peer_group.substr(colon + 1);
+        const bool ok = !uid.empty() && uid.size() <= 10 &&
+                        uid.find_first_not_of("0123456789") == std::string::npos && !name.empty() &&
+                        name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+                            return std::isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+                                   c == '_' || c == '.';
+                        });
         if (!ok)
             throw HelperError(kInvalidArgument,
                               "invalid peer group '" + plan.peer_group.substr(0, 80) + "'");
@@ -560,9 +559,11 @@ std::unique_ptr<Shell> SandboxFactory::start_shell() {
         throw;
     }
     // The owner is the factory's to give back when the shell goes unassigned.
-    if (spec.owner) shell->on_discard = [this, owner = *spec.owner] { owners_in_use_.erase(owner); };
+    if (spec.owner)
+        shell->on_discard = [this, owner = *spec.owner] { owners_in_use_.erase(owner); };
     // Its veth too, once public sandboxes are asked for (a host that runs none gets none).
-    if (network_ && prepare_links_) shell->link = network_->prepare_link(shell->name(), shell->open_netns().get());
+    if (network_ && prepare_links_)
+        shell->link = network_->prepare_link(shell->name(), shell->open_netns().get());
     return shell;
 }
 
@@ -581,9 +582,13 @@ std::unique_ptr<Shell> SandboxFactory::take_shell(StepTimer& timer) {
     return shell;
 }
 
-bool SandboxFactory::fill_pool() { return pool_ && pool_->fill_one(); }
+bool SandboxFactory::fill_pool() {
+    return pool_ && pool_->fill_one();
+}
 
-bool SandboxFactory::pool_full() const { return !pool_ || pool_->full(); }
+bool SandboxFactory::pool_full() const {
+    return !pool_ || pool_->full();
+}
 
 std::string SandboxFactory::describe_pool() const {
     if (!pool_) return "off (berthd --pool 0): every create starts its own sandbox shell";
@@ -601,10 +606,9 @@ void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostn
     v1::helper::ShellAssignment assignment;
     assignment.set_hostname(hostname);
     assignment.set_mountpoint(plan.run + "/rootfs");
-    for (const auto& [path, content] :
-         {std::pair{"/etc/hosts", net::hosts_file(names)},
-          std::pair{"/etc/hostname", net::hostname_file(names)},
-          std::pair{"/etc/resolv.conf", net::resolv_conf(names)}}) {
+    for (const auto& [path, content] : {std::pair{"/etc/hosts", net::hosts_file(names)},
+                                        std::pair{"/etc/hostname", net::hostname_file(names)},
+                                        std::pair{"/etc/resolv.conf", net::resolv_conf(names)}}) {
         auto* f = assignment.add_files();
         f->set_path(path);
         f->set_content(content);

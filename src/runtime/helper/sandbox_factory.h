@@ -142,7 +142,7 @@ class SandboxFactory {
     // At start: the addresses of running sandboxes of earlier helpers are taken again and
     // links of sandboxes that no longer exist are removed.
     void adopt_networks();
-    bool adjust_oom_ = true;  // cleared when this host's root may not lower oom_score_adj
+    bool adjust_oom_ = true;           // cleared when this host's root may not lower oom_score_adj
     std::unique_ptr<ShellPool> pool_;  // null: --pool 0
     // Shells get a veth once a sandbox with a network has been made.
     bool prepare_links_ = false;

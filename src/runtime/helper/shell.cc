@@ -308,7 +308,8 @@ Shell::~Shell() {
 
 UniqueFd Shell::open_netns() const {
     const std::string path = "/proc/" + std::to_string(pid_) + "/ns/net";
-    UniqueFd fd(check_sys("open", path, [&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
+    UniqueFd fd(
+        check_sys("open", path, [&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
     // Still our shell (a recycled pid would be another process): the pidfd names it.
     if (::syscall(SYS_pidfd_send_signal, pidfd_.get(), 0, nullptr, 0) != 0)
         throw HelperError(v1::INTERNAL, "sandbox shell " + name_ + " died");
@@ -317,9 +318,8 @@ UniqueFd Shell::open_netns() const {
 
 v1::helper::ShellReport Shell::read_report(std::chrono::milliseconds wait) {
     pollfd pfd{socket_.get(), POLLIN, 0};
-    const int n = check_sys("poll", name_, [&] {
-        return ::poll(&pfd, 1, static_cast<int>(wait.count()));
-    });
+    const int n =
+        check_sys("poll", name_, [&] { return ::poll(&pfd, 1, static_cast<int>(wait.count())); });
     v1::helper::ShellReport report;
     if (n == 0) return report;  // STAGE_UNSPECIFIED with no error: nothing yet
     const wire::ReadStatus status = wire::read_frame(socket_.get(), report, kShellMaxFrame);
@@ -342,8 +342,7 @@ bool Shell::ready(std::chrono::milliseconds wait) {
     return true;
 }
 
-void Shell::assign(const v1::helper::ShellAssignment& assignment, int overlay_fd,
-                   int control_fd) {
+void Shell::assign(const v1::helper::ShellAssignment& assignment, int overlay_fd, int control_fd) {
     if (!ready_) throw HelperError(v1::INTERNAL, "sandbox shell " + name_ + " is not ready");
     v1::helper::ShellOrder order;
     *order.mutable_assign() = assignment;
