@@ -438,8 +438,6 @@ class RootNetwork final : public HostNetwork {
         inside.add_default_route(ip_text(subnet_.gateway()));
     }
 
-    // The policy's rules: the sets the sandbox is in and its allowed destinations. (Its
-    // hostnames are the DNS resolver's to let through, address by address.)
     bool is_peer(const Attachment& a) const {
         auto it = groups_.find(a.peer_group);
         return it != groups_.end() && it->second.count(a.sandbox_id) > 0;
@@ -512,6 +510,8 @@ class RootNetwork final : public HostNetwork {
         return rules;
     }
 
+    // The policy's rules: the sets the sandbox is in and its allowed destinations. (Its
+    // hostnames are the DNS resolver's to let through, address by address.)
     void apply(const std::string& address, const Policy& policy) {
         const std::vector<AllowRule> rules = address_rules(policy);
         // The DNS first: a sandbox switched away from allowlist or public must not get one

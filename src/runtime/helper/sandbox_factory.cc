@@ -613,13 +613,16 @@ void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostn
         f->set_path(path);
         f->set_content(content);
     }
-    if (!live.net.address.empty()) {
-        // Its network namespace exists (the shell holds it) and nothing of it runs yet.
-        network_->attach(live.net, shell.open_netns().get(), shell.link);
+    // The shell builds its root while the host side of its network is made: nothing of the
+    // sandbox runs before berthd has the reply (and with it the control socket).
+    UniqueFd netns = live.net.address.empty() ? UniqueFd() : shell.open_netns();
+    shell.assign(assignment, overlay.get(), control.get());
+    if (netns) {
+        network_->attach(live.net, netns.get(), shell.link);
         shell.link.clear();
         timer.mark("network");
     }
-    shell.assign(assignment, overlay.get(), control.get());
+    shell.wait_running();
     timer.mark("child_setup");
 }
 

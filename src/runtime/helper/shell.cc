@@ -347,6 +347,11 @@ void Shell::assign(const v1::helper::ShellAssignment& assignment, int overlay_fd
     v1::helper::ShellOrder order;
     *order.mutable_assign() = assignment;
     wire::write_frame(socket_.get(), order, {overlay_fd, control_fd});
+    assigned_ = true;
+}
+
+void Shell::wait_running() {
+    if (!assigned_) throw HelperError(v1::INTERNAL, "sandbox shell " + name_ + " is not assigned");
     const auto report = read_report(kAssignWait);
     if (report.stage() == v1::helper::ShellReport::STAGE_UNSPECIFIED)
         throw HelperError(v1::UNAVAILABLE, "sandbox shell " + name_ + " did not start within " +

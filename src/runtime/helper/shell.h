@@ -73,9 +73,13 @@ class Shell {
     // words when it failed, or if it died.
     bool ready(std::chrono::milliseconds wait);
     // Makes it the sandbox: attaches `overlay_fd` (the root mount), puts the files in place,
-    // takes `control_fd` as init's listening socket. Returns once init serves; throws
-    // HelperError with the shell's words otherwise (it is then dead or about to be).
+    // takes `control_fd` as init's listening socket. Returns at once: the shell works on
+    // while the caller does what else the sandbox needs (its network, on the host side;
+    // nothing of the sandbox runs before the caller hands out the control socket).
     void assign(const v1::helper::ShellAssignment& assignment, int overlay_fd, int control_fd);
+    // Returns once init serves; throws HelperError with the shell's words otherwise (it is
+    // then dead or about to be).
+    void wait_running();
 
     // After a successful assign: what the sandbox keeps (the shell no longer kills it).
     struct Parts {
@@ -97,6 +101,7 @@ class Shell {
     std::unique_ptr<cgroup::Cgroup> cgroup_;
     std::optional<uid_t> owner_;
     bool ready_ = false;
+    bool assigned_ = false;
     bool released_ = false;
 };
 
