@@ -37,8 +37,12 @@ def test_create_exec_ps_inspect_rm(daemon, busybox_rootfs):
     assert sb["host_root_uid"] == 200000
     assert sb["cgroup_driver"] == hostutil.CGROUP_DRIVER
     assert hostutil.pid_alive(sb["init_pid"]) and hostutil.comm(sb["init_pid"]) == "berth-init"
+    # Named by the sandbox's id on v1; on v2 (no rename) by the shell it was made from.
+    name = hostutil.cgroup_name(daemon.cgroup_parent, sid)
+    assert name == sid or (hostutil.CGROUP_V2 and hostutil.is_shell_cgroup(name)), name
     for path in sb["cgroup_paths"]:
-        assert path.endswith(f"/{daemon.cgroup_parent}/{sid}")
+        assert path.endswith(f"/{daemon.cgroup_parent}/{name}")
+        assert sb["init_pid"] in [int(x) for x in open(f"{path}/cgroup.procs").read().split()]
     assert {str(p) for p in hostutil.cgroup_dirs(daemon.cgroup_parent, sid) if p.exists()} \
         <= set(sb["cgroup_paths"])
     assert set(info["stats"]) >= {"cpu_usage_ns", "memory_bytes", "pids", "oom_kills"}

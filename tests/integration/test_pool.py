@@ -5,7 +5,9 @@ helper and leaves nothing after a SIGKILL; `--pool 0` starts a shell per create.
 import os
 import signal
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -110,11 +112,12 @@ def test_a_shell_is_never_used_twice(pool_daemon, busybox_rootfs):
     d.cli_ok("rm", "-f", a, b)
 
 
-def test_a_create_that_fails_kills_its_shell(pool_daemon, busybox_rootfs, tmp_path):
+def test_a_create_that_fails_kills_its_shell(pool_daemon, busybox_rootfs, base_dir):
     d = pool_daemon
-    bad = tmp_path / "bad-rootfs"
-    subprocess.run(["cp", "-a", str(busybox_rootfs), str(bad)], check=True)
-    os.chmod(tmp_path, 0o755)
+    # (Under base_dir: a filesystem that takes id-mapped mounts, unlike the VM's /tmp.)
+    bad = Path(tempfile.mkdtemp(prefix="bad-rootfs-", dir=base_dir))
+    bad.chmod(0o755)
+    subprocess.run(["cp", "-a", f"{busybox_rootfs}/.", str(bad)], check=True)
     hosts = bad / "etc/hosts"
     if hosts.exists() or hosts.is_symlink():
         hosts.unlink()
