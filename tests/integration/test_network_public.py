@@ -5,6 +5,7 @@ The "internet" is a test host in a network namespace this test makes (a veth fro
 addresses from 198.18.0.0/15, the range RFC 2544 sets aside for tests), running
 python3's http.server: no packet leaves this machine.
 """
+import json
 import os
 import subprocess
 import time
@@ -56,14 +57,27 @@ def test_host(tmp_path):
         sh("ip", "netns", "del", ns, check=False)
 
 
+def shell_links():
+    """Host ends of the veths pooled shells were given ("bs" + 12 hex: root_network.cc)."""
+    out = json.loads(sh("ip", "-j", "link", "show").stdout or "[]")
+    return {l["ifname"] for l in out if l["ifname"].startswith("bs") and len(l["ifname"]) == 14}
+
+
 @pytest.fixture
 def net_daemon(base_dir):
     n = os.getpid() % 250
     bridge = f"bt{os.getpid() % 100000}"
+    links_before = shell_links()
     d = Daemon(base_dir, extra_args=["--bridge", bridge, "--subnet", f"10.231.{n}.0/24"]).start()
     d.bridge = bridge
     yield d
     problems = d.cleanup()
+    # The pooled shells' veths went with the shells (their netns) when the helper stopped.
+    deadline = time.monotonic() + 10
+    while shell_links() - links_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if shell_links() - links_before:
+        problems.append(f"pooled shells' links left: {sorted(shell_links() - links_before)}")
     sh("ip", "link", "del", bridge, check=False)
     sh("nft", "delete", "table", "inet", bridge, check=False)
     sh("nft", "delete", "table", "bridge", bridge, check=False)
