@@ -73,7 +73,17 @@ class HostNetwork {
     // Makes it, if it has an address: a veth whose sandbox end (eth0, with the address and a
     // default route) is inside `netns_fd` -- the `prepared` link (prepare_link), or one made
     // now when that is empty -- and the rules of its policy.
-    virtual void attach(Attachment& a, int netns_fd, const std::string& prepared = {}) = 0;
+    virtual void attach(Attachment& a, int netns_fd, const std::string& prepared = {}) {
+        begin_attach(a, netns_fd, prepared)();
+    }
+    // attach in two parts: what needs the caller's own thread is done here (the bridge and
+    // table made at the first use, berth's DNS told the policy: these may fork); the rest
+    // (the link, its addresses and table entries) is returned, to run on another thread
+    // while the caller does work that touches neither `a` nor this network -- the helper
+    // builds the sandbox's root meanwhile -- and to be done before anything of the sandbox
+    // runs. Nothing to do (no address): returns an empty function's equivalent, a no-op.
+    virtual std::function<void()> begin_attach(Attachment& a, int netns_fd,
+                                               const std::string& prepared = {}) = 0;
     // A running sandbox's new policy, in force for new connections when this returns;
     // `none` also cuts the established ones. A sandbox without a link gets one first
     // (inside `netns_fd`). On failure the old policy stays in force.

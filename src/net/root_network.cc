@@ -192,18 +192,21 @@ class RootNetwork final : public HostNetwork {
         }
     }
 
-    void attach(Attachment& a, int netns_fd, const std::string& prepared) override {
-        if (a.address.empty()) return;
+    std::function<void()> begin_attach(Attachment& a, int netns_fd,
+                                       const std::string& prepared) override {
+        if (a.address.empty()) return [] {};
         ensure_ready();
         // The DNS first (as in apply), then everything of the table in one transaction with
         // no listing: an address is handed out only when the table holds nothing of it.
         if (dns_) dns_->set_policy(a.address, a.policy);
-        make_link(a, netns_fd, prepared, [&](const std::string& host) {
-            table_->add_sandbox(a.address, host, a.host_ports, a.published,
-                                a.policy.mode == Mode::public_egress,
-                                a.policy.mode == Mode::allowlist, address_rules(a.policy));
-        });
-        join_peers(a);
+        return [this, &a, netns_fd, prepared] {
+            make_link(a, netns_fd, prepared, [&](const std::string& host) {
+                table_->add_sandbox(a.address, host, a.host_ports, a.published,
+                                    a.policy.mode == Mode::public_egress,
+                                    a.policy.mode == Mode::allowlist, address_rules(a.policy));
+            });
+            join_peers(a);
+        };
     }
 
     void set_policy(Attachment& a, const Policy& policy, int netns_fd) override {

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <nlohmann/json.hpp>
 
 #include "base/child_process.h"
@@ -596,9 +597,9 @@ std::string SandboxFactory::describe_pool() const {
            " sandbox shells kept ready (berthd --pool), refilled while the helper is idle";
 }
 
-void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostname,
-                                UniqueFd control, UniqueFd overlay, Shell& shell, Live& live,
-                                StepTimer& timer) {
+v1::helper::ShellAssignment SandboxFactory::assignment_for(const CreatePlan& plan,
+                                                           const std::string& hostname,
+                                                           const Live& live) const {
     const net::NameSettings names =
         network_ ? network_->names(live.net, hostname)
                  : net::NameSettings{
@@ -613,17 +614,7 @@ void SandboxFactory::start_init(const CreatePlan& plan, const std::string& hostn
         f->set_path(path);
         f->set_content(content);
     }
-    // The shell builds its root while the host side of its network is made: nothing of the
-    // sandbox runs before berthd has the reply (and with it the control socket).
-    UniqueFd netns = live.net.address.empty() ? UniqueFd() : shell.open_netns();
-    shell.assign(assignment, overlay.get(), control.get());
-    if (netns) {
-        network_->attach(live.net, netns.get(), shell.link);
-        shell.link.clear();
-        timer.mark("network");
-    }
-    shell.wait_running();
-    timer.mark("child_setup");
+    return assignment;
 }
 
 v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
@@ -645,13 +636,6 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
     // shell's name, which the state file records.
     live->cgroup_name = shell->cgroup().rename(id) ? id : shell->name();
     timer.mark("limits");
-    const WritableLayer layer = make_writable_layer(plan, *live, undo);
-    timer.mark("dirs");
-    const std::string socket_path = plan.run + "/init.sock";
-    UniqueFd control = listen_unix(socket_path, config_.daemon_uid, config_.daemon_gid);
-    timer.mark("socket");
-    UniqueFd overlay = make_root_mount(plan, layer, *live);
-    timer.mark("overlay");
     if (network_) {
         try {
             live->net = network_->reserve(id, plan.network, plan.host_ports, plan.published);
@@ -664,7 +648,40 @@ v1::helper::Created SandboxFactory::create(const v1::helper::Create& req) {
         }
         undo.push([this, &live] { network_->release(live->net); });
     }
-    start_init(plan, req.hostname(), std::move(control), std::move(overlay), *shell, *live, timer);
+    // What the shell is told (computed before the network thread below touches live->net).
+    const v1::helper::ShellAssignment assignment = assignment_for(plan, req.hostname(), *live);
+    // The host side of its network on a thread of its own while the root is built here
+    // (declared after `undo`: joined before any undo step runs). The helper is
+    // single-threaded again before this returns: a raw clone3 (a shell) needs that.
+    UniqueFd netns;  // (before the future: open until the thread is joined)
+    std::future<void> network_made;
+    if (!live->net.address.empty()) {
+        netns = shell->open_netns();
+        std::function<void()> rest;
+        try {
+            rest = network_->begin_attach(live->net, netns.get(), shell->link);
+        } catch (const HelperError&) {
+            throw;
+        } catch (const Error& e) {
+            throw HelperError(wire::error_code(e.kind()), e.what());
+        }
+        shell->link.clear();
+        network_made = std::async(std::launch::async, std::move(rest));
+    }
+    const WritableLayer layer = make_writable_layer(plan, *live, undo);
+    timer.mark("dirs");
+    const std::string socket_path = plan.run + "/init.sock";
+    UniqueFd control = listen_unix(socket_path, config_.daemon_uid, config_.daemon_gid);
+    timer.mark("socket");
+    UniqueFd overlay = make_root_mount(plan, layer, *live);
+    timer.mark("overlay");
+    shell->assign(assignment, overlay.get(), control.get());
+    if (network_made.valid()) {
+        network_made.get();  // (rethrows what the attach threw)
+        timer.mark("network");
+    }
+    shell->wait_running();
+    timer.mark("child_setup");
     // A `none` sandbox has no use for the veth its shell came with.
     if (!shell->link.empty()) {
         deferred_links_.push_back(shell->link);

@@ -111,9 +111,9 @@ class SandboxFactory {
     // A shell for a create: a pooled one, or one started now.
     std::unique_ptr<Shell> take_shell(StepTimer& timer);
     std::unique_ptr<Shell> start_shell();
-    // Attaches the sandbox's network to the shell and makes the shell its init.
-    void start_init(const CreatePlan& plan, const std::string& hostname, UniqueFd control,
-                    UniqueFd overlay, Shell& shell, Live& live, StepTimer& timer);
+    // What the shell is told: hostname, mountpoint, the /etc files of its network.
+    v1::helper::ShellAssignment assignment_for(const CreatePlan& plan, const std::string& hostname,
+                                               const Live& live) const;
     // The directory a rootfs create names, opened and checked (see the .cc).
     UniqueFd open_rootfs(const std::string& rootfs) const;
     std::string sandbox_runtime_dir(const std::string& id) const;
