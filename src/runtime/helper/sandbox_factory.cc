@@ -563,8 +563,15 @@ std::unique_ptr<Shell> SandboxFactory::start_shell() {
     if (spec.owner)
         shell->on_discard = [this, owner = *spec.owner] { owners_in_use_.erase(owner); };
     // Its veth too, once public sandboxes are asked for (a host that runs none gets none).
-    if (network_ && prepare_links_)
-        shell->link = network_->prepare_link(shell->name(), shell->open_netns().get());
+    // Without it (a failure here is logged), attach makes the veth itself.
+    if (network_ && prepare_links_) {
+        try {
+            shell->link = network_->prepare_link(shell->name(), shell->open_netns().get());
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "berth-helper: a veth for %s: %s\n", shell->name().c_str(),
+                         e.what());
+        }
+    }
     return shell;
 }
 
