@@ -81,6 +81,21 @@ TEST(Validate, CreateFields) {
     EXPECT_EQ(check_create(c), "");
     c.set_rootfs("/srv/root");
     EXPECT_NE(check_create(c), "");  // both
+    {
+        berth::v1::CreateSandbox g;
+        g.set_image("busybox");
+        for (const std::string& ok :
+             {std::string(), std::string("g1"), std::string("a.b_c-D"), std::string(64, 'x')}) {
+            g.set_peer_group(ok);
+            EXPECT_EQ(check_create(g), "") << ok;
+        }
+        for (const std::string& bad :
+             {std::string("a/b"), std::string(65, 'x'), std::string("0:g"), std::string("sp ace"),
+              std::string("semi;colon"), std::string("nul\0x", 5)}) {
+            g.set_peer_group(bad);
+            EXPECT_NE(check_create(g).find("peer_group"), std::string::npos) << bad;
+        }
+    }
     c.clear_image();
     EXPECT_EQ(check_create(c), "");
     c.set_rootfs(std::string("/srv/root\0/etc", 14));

@@ -388,16 +388,6 @@ void Server::handle_create(const std::shared_ptr<Session>& session, uint64_t id,
         }
     }
     const uid_t owner = req.has_owner_uid() ? req.owner_uid() : session->uid;
-    const std::string& group = req.peer_group();
-    if (group.size() > 64 || !std::all_of(group.begin(), group.end(), [](char ch) {
-            return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' ||
-                   ch == '.';
-        })) {
-        session->send_error(
-            id, v1::INVALID_ARGUMENT,
-            "peer_group: [A-Za-z0-9_.-], 64 at most: '" + group.substr(0, 80) + "'");
-        return;
-    }
     if (!req.name().empty() &&
         (registry_.name_taken(req.name()) || pending_names_.count(req.name()))) {
         session->send_error(id, v1::ALREADY_EXISTS, "a sandbox named '" + req.name() + "' exists");

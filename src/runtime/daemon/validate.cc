@@ -143,6 +143,14 @@ std::string check_create(const v1::CreateSandbox& req) {
         if (!ok) return "hostname: " + quoted(h) + " must be up to 63 of [A-Za-z0-9.-]";
     }
     if (auto e = check_sandbox_path("workdir", req.workdir(), true, true); !e.empty()) return e;
+    {
+        const auto& g = req.peer_group();
+        const bool ok = g.size() <= 64 && std::all_of(g.begin(), g.end(), [](char c) {
+                            return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+                                   (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+                        });
+        if (!ok) return "peer_group: " + quoted(g) + " must be up to 64 of [A-Za-z0-9_.-]";
+    }
     return check_resources(req.resources());
 }
 

@@ -375,7 +375,6 @@ std::unique_ptr<Shell> ShellPool::take() {
                 if ((*it)->ready(std::chrono::milliseconds(pass == 0 ? 0 : 1000))) {
                     std::unique_ptr<Shell> shell = std::move(*it);
                     shells_.erase(it);
-                    ++hits_;
                     return shell;
                 }
                 if (pass == 1) break;
@@ -386,7 +385,6 @@ std::unique_ptr<Shell> ShellPool::take() {
             }
         }
     }
-    ++misses_;
     return nullptr;
 }
 

@@ -125,15 +125,11 @@ class ShellPool {
     bool full() const { return shells_.size() >= target_; }
     size_t target() const { return target_; }
     size_t size() const { return shells_.size(); }
-    // How many creates found a ready shell, and how many did not.
-    uint64_t hits() const { return hits_; }
-    uint64_t misses() const { return misses_; }
 
   private:
     size_t target_;
     Maker make_;
     std::deque<std::unique_ptr<Shell>> shells_;
-    uint64_t hits_ = 0, misses_ = 0;
     std::chrono::steady_clock::time_point retry_after_{};
     std::string last_error_;
 };
